@@ -1,0 +1,88 @@
+"""Run directories: resolved config, tokenizer models, checkpoints (state dicts, never modules)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from mtrain import config as config_mod
+from mtrain.config import Config, ConfigError
+from mtrain.model import Transformer
+from mtrain.tokenizer import PAD_ID, Tokenizer
+
+CONFIG_FILE, LAST, BEST, METRICS = "config.yaml", "last.pt", "best.pt", "metrics.jsonl"
+
+
+class CheckpointError(ValueError):
+    """A run directory or checkpoint that cannot be used; the message names the file."""
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    """Write a checkpoint atomically: a crash mid-write leaves the previous file intact."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Load a checkpoint as plain tensors and containers; pickled code is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except Exception as e:  # torch raises several types for corrupt or unsafe files
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: cannot load checkpoint ({first_line})") from None
+
+
+def write_config(run_dir: Path, cfg: Config) -> None:
+    (run_dir / CONFIG_FILE).write_text(
+        yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8"
+    )
+
+
+def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
+    """The model a config and tokenizer describe, freshly initialised."""
+    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
+    return Transformer(
+        cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, max_len, PAD_ID
+    )
+
+
+def load_run(
+    run_dir: Path, device: torch.device, which: str = BEST
+) -> tuple[Config, Tokenizer, Transformer]:
+    """Load a trained run's config, tokenizer and model (in eval mode) from its directory."""
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    try:
+        cfg = config_mod.load(config_path)
+        tokenizer = Tokenizer.load(run_dir)
+    except (ConfigError, OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{run_dir}: {e}") from None
+    state = load(run_dir / which)
+    model = build_model(cfg, tokenizer)
+    try:
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise CheckpointError(
+            f"{run_dir / which}: does not match the run's config and tokenizer ({reason})"
+        ) from None
+    return cfg, tokenizer, model.to(device).eval()
+
+
+def latest_run(runs_root: Path) -> Path:
+    """The run directory under `runs_root` whose best checkpoint was written last."""
+    candidates = sorted(runs_root.glob(f"*/{BEST}"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise CheckpointError(f"no trained run under {runs_root}/; train one or pass --run DIR")
+    return candidates[-1].parent

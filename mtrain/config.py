@@ -1,0 +1,204 @@
+"""Typed run configuration: dataclasses, YAML loading, `key=value` overrides, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and key."""
+
+
+@dataclass
+class DataConfig:
+    train: str = "data/tatoeba/train.tsv"
+    dev: str = "data/tatoeba/dev.tsv"
+    test: str = "data/tatoeba/test.tsv"
+    src_lang: str = "zh"
+    tgt_lang: str = "en"
+    max_src_len: int = 64  # tokens, </s> included; longer sentences are truncated
+    max_tgt_len: int = 64
+
+
+@dataclass
+class TokenizerConfig:
+    joint: bool = False  # one SentencePiece model for both languages, or one each
+    vocab_size: int = 8000  # per model
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    character_coverage: float = 0.9995
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 256
+    n_heads: int = 4
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    d_ff: int = 1024
+    dropout: float = 0.1
+    norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sublayer, or after (the paper)
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    batch_tokens: int = 4096  # source + target tokens per batch, padding included
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    warmup_steps: int = 1000
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_steps: int = 100_000
+    max_minutes: float = 0.0  # wall-clock budget; 0 means none
+    eval_every: int = 500  # steps between validations
+
+
+@dataclass
+class DecodeConfig:
+    batch_size: int = 100  # sentences per batch
+    max_len_ratio: float = 2.0  # output length limit: ratio × source length + 10 tokens
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_value(key: str, value: Any, kind: Any) -> Any:
+    """Return `value` as type `kind`, or raise ConfigError naming `key`."""
+    if typing.get_origin(kind) is Literal:
+        choices = typing.get_args(kind)
+        if value not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'top level'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"unknown key '{prefix}{key}'")
+    values = {}
+    for name, value in raw.items():
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            values[name] = _build(kind, value, f"{prefix}{name}.")
+        else:
+            values[name] = _check_value(prefix + name, value, kind)
+    return cls(**values)
+
+
+def _validate(cfg: Config) -> None:
+    """Check the rules that relate values to each other or bound them."""
+    positive = {
+        "data.max_src_len": cfg.data.max_src_len,
+        "data.max_tgt_len": cfg.data.max_tgt_len,
+        "tokenizer.vocab_size": cfg.tokenizer.vocab_size,
+        "model.d_model": cfg.model.d_model,
+        "model.n_heads": cfg.model.n_heads,
+        "model.n_encoder_layers": cfg.model.n_encoder_layers,
+        "model.n_decoder_layers": cfg.model.n_decoder_layers,
+        "model.d_ff": cfg.model.d_ff,
+        "train.batch_tokens": cfg.train.batch_tokens,
+        "train.lr": cfg.train.lr,
+        "train.max_steps": cfg.train.max_steps,
+        "train.eval_every": cfg.train.eval_every,
+        "train.clip_norm": cfg.train.clip_norm,
+        "decode.batch_size": cfg.decode.batch_size,
+        "decode.max_len_ratio": cfg.decode.max_len_ratio,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be positive, got {value}")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise ConfigError(
+            f"model.d_model: {cfg.model.d_model} is not divisible by "
+            f"model.n_heads={cfg.model.n_heads}"
+        )
+    if cfg.model.d_model % 2:
+        raise ConfigError("model.d_model: must be even for sinusoidal positions")
+    if not 0 <= cfg.model.dropout < 1:
+        raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout}")
+    if not 0 <= cfg.train.label_smoothing < 1:
+        raise ConfigError(
+            f"train.label_smoothing: must be in [0, 1), got {cfg.train.label_smoothing}"
+        )
+    if cfg.train.warmup_steps < 0 or cfg.train.max_minutes < 0:
+        raise ConfigError("train.warmup_steps and train.max_minutes must not be negative")
+    if not 0.9 <= cfg.tokenizer.character_coverage <= 1:
+        raise ConfigError("tokenizer.character_coverage: must be in [0.9, 1]")
+    if cfg.tokenizer.vocab_size < 300:
+        raise ConfigError("tokenizer.vocab_size: must be at least 300 (256 byte pieces + others)")
+    if cfg.data.src_lang == cfg.data.tgt_lang:
+        raise ConfigError("data.src_lang and data.tgt_lang must differ")
+    longest = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
+    if cfg.train.batch_tokens < 2 * longest:
+        raise ConfigError(
+            f"train.batch_tokens: {cfg.train.batch_tokens} cannot hold one pair of "
+            f"maximum length ({longest} + {longest} tokens)"
+        )
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one `section.key=value` override to a raw config mapping; the value is YAML."""
+    key, sep, text = assignment.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {assignment!r}: value is not valid YAML ({e})") from None
+    section = raw.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{parts[0]}: expected a mapping")
+    section[parts[1]] = value
+
+
+def from_dict(raw: Any, source: str = "config") -> Config:
+    """Build and validate a Config; errors are prefixed with `source`."""
+    try:
+        cfg = _build(Config, raw if raw is not None else {}, "")
+        _validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return cfg
+
+
+def load(path: Path, overrides: list[str] = ()) -> Config:
+    """Load a YAML config file, apply `key=value` overrides and validate the result."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    for assignment in overrides:
+        try:
+            apply_override(raw, assignment)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    return from_dict(raw, str(path))

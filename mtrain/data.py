@@ -1,0 +1,156 @@
+"""Reading corpora, normalising, truncating, batching by tokens and padding batches."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mtrain.text import normalize
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+
+class DataError(ValueError):
+    """A corpus that cannot be read; the message names the file and line."""
+
+
+def read_lines(path: Path) -> list[str]:
+    """Read a UTF-8 text file (BOM and CRLF tolerated) into lines without line ends."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None
+    return text.splitlines()
+
+
+def read_parallel(path: Path, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    """Read a TSV of pairs, `src<TAB>tgt` or Tatoeba's `id<TAB>src<TAB>id<TAB>tgt`, normalised."""
+    pairs = []
+    for number, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) not in (2, 4):
+            raise DataError(
+                f"{path}:{number}: expected 2 or 4 tab-separated columns, got {len(fields)}"
+            )
+        src, tgt = (fields[0], fields[1]) if len(fields) == 2 else (fields[1], fields[3])
+        pairs.append((normalize(src, src_lang), normalize(tgt, tgt_lang)))
+    return pairs
+
+
+def group_references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:
+    """Turn pairs into distinct sources, in first-seen order, each with all its references."""
+    refs: dict[str, list[str]] = {}
+    for src, tgt in pairs:
+        refs.setdefault(src, []).append(tgt)
+    return list(refs), list(refs.values())
+
+
+@dataclass
+class Example:
+    src: list[int]  # source pieces then </s>
+    tgt: list[int]  # target pieces, without <s> or </s>
+
+
+def encode_pairs(
+    tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_src_len: int, max_tgt_len: int
+) -> list[Example]:
+    """Encode pairs, drop those with an empty side and truncate to the maximum lengths."""
+    pairs = [(s, t) for s, t in pairs if s and t]
+    srcs = tokenizer.encode_src([s for s, _ in pairs])
+    tgts = tokenizer.encode_tgt([t for _, t in pairs])
+    # tgt_in and tgt_out each add one token (<s> or </s>) to the pieces.
+    return [
+        Example(src[: max_src_len - 1] + [EOS_ID], tgt[: max_tgt_len - 1])
+        for src, tgt in zip(srcs, tgts)
+    ]
+
+
+def encode_sources(tokenizer: Tokenizer, texts: list[str], max_src_len: int) -> list[list[int]]:
+    """Encode normalised source sentences for translation, truncated like training data."""
+    return [ids[: max_src_len - 1] + [EOS_ID] for ids in tokenizer.encode_src(texts)]
+
+
+def pad(seqs: list[list[int]]) -> torch.Tensor:
+    """Right-pad sequences with PAD_ID into a (B, max_len) tensor."""
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out
+
+
+@dataclass
+class Batch:
+    """A padded batch for teacher forcing: the decoder reads tgt_in and predicts tgt_out."""
+
+    src: torch.Tensor  # (B, S)
+    tgt_in: torch.Tensor  # (B, T): <s> y1 .. yn
+    tgt_out: torch.Tensor  # (B, T): y1 .. yn </s>
+
+    @classmethod
+    def collate(cls, examples: list[Example]) -> Batch:
+        return cls(
+            src=pad([ex.src for ex in examples]),
+            tgt_in=pad([[BOS_ID, *ex.tgt] for ex in examples]),
+            tgt_out=pad([[*ex.tgt, EOS_ID] for ex in examples]),
+        )
+
+    @property
+    def n_tokens(self) -> int:
+        """Non-padding source and target tokens."""
+        return int((self.src != PAD_ID).sum() + (self.tgt_out != PAD_ID).sum())
+
+    @property
+    def n_target_tokens(self) -> int:
+        return int((self.tgt_out != PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        if device.type == "cuda":
+            return Batch(
+                *(t.pin_memory().to(device, non_blocking=True)
+                  for t in (self.src, self.tgt_in, self.tgt_out))
+            )
+        return self
+
+
+def token_batches(
+    examples: list[Example], batch_tokens: int, rng: random.Random
+) -> list[list[int]]:
+    """Group example indices into batches of at most `batch_tokens` padded tokens.
+
+    Examples are sorted by length (ties broken at random) so each batch holds similar lengths
+    and little padding; the batch order is then shuffled.
+    """
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: (len(examples[i].src), len(examples[i].tgt)))
+    batches, current, max_src, max_tgt = [], [], 0, 0
+    for i in order:
+        src_len, tgt_len = len(examples[i].src), len(examples[i].tgt) + 1
+        new_src, new_tgt = max(max_src, src_len), max(max_tgt, tgt_len)
+        if current and (len(current) + 1) * (new_src + new_tgt) > batch_tokens:
+            batches.append(current)
+            current, new_src, new_tgt = [], src_len, tgt_len
+        current.append(i)
+        max_src, max_tgt = new_src, new_tgt
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def epoch_batches(
+    examples: list[Example], batch_tokens: int, rng: random.Random
+) -> Iterator[Batch]:
+    """Yield one epoch of shuffled, token-sized batches."""
+    for indices in token_batches(examples, batch_tokens, rng):
+        yield Batch.collate([examples[i] for i in indices])

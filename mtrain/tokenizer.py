@@ -1,0 +1,108 @@
+"""SentencePiece models for source and target: training, loading, batch encode/decode."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from mtrain.config import ConfigError, TokenizerConfig
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
+
+
+def _train_model(
+    sentences: Iterable[str], cfg: TokenizerConfig, coverage: float, seed: int
+) -> bytes:
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=cfg.vocab_size,
+            model_type=cfg.model_type,
+            character_coverage=coverage,
+            byte_fallback=True,  # characters outside the vocabulary become bytes, never <unk>
+            hard_vocab_limit=False,  # a small corpus may not support the full size
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            num_threads=1,  # repeatable for a given seed
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        # SentencePiece reports "<file>(<line>) [<check>] <message>": keep the message.
+        reason = str(e).rsplit("] ", 1)[-1].split(" Increase")[0]
+        raise ConfigError(
+            f"tokenizer: SentencePiece training failed: {reason} (raise tokenizer.vocab_size "
+            "or lower tokenizer.character_coverage)"
+        ) from None
+    return model.getvalue()
+
+
+class Tokenizer:
+    """A source and a target SentencePiece model (the same model when the vocabulary is joint)."""
+
+    def __init__(self, src: spm.SentencePieceProcessor, tgt: spm.SentencePieceProcessor):
+        self.src, self.tgt = src, tgt
+        for sp in (src, tgt):
+            pinned = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+            if pinned != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+                raise ValueError(f"SentencePiece model has special ids {pinned}, expected 0-3")
+
+    @classmethod
+    def train(
+        cls,
+        src_sentences: Sequence[str],
+        tgt_sentences: Sequence[str],
+        cfg: TokenizerConfig,
+        src_lang: str,
+        tgt_lang: str,
+        out_dir: Path,
+        seed: int = 1,
+    ) -> Tokenizer:
+        """Train on (normalised) training sentences and write the models into `out_dir`."""
+
+        def coverage(*langs: str) -> float:
+            # Chinese has thousands of rare characters: leave the rarest to byte fallback.
+            return cfg.character_coverage if {"zh", "ja"} & set(langs) else 1.0
+
+        if cfg.joint:
+            both = [*src_sentences, *tgt_sentences]
+            src = tgt = _train_model(both, cfg, coverage(src_lang, tgt_lang), seed)
+        else:
+            src = _train_model(src_sentences, cfg, coverage(src_lang), seed)
+            tgt = _train_model(tgt_sentences, cfg, coverage(tgt_lang), seed)
+        (out_dir / SRC_MODEL).write_bytes(src)
+        (out_dir / TGT_MODEL).write_bytes(tgt)
+        return cls.load(out_dir)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Tokenizer:
+        """Load the models that `train` wrote into a run directory."""
+        src = spm.SentencePieceProcessor(model_file=str(run_dir / SRC_MODEL))
+        tgt = spm.SentencePieceProcessor(model_file=str(run_dir / TGT_MODEL))
+        return cls(src, tgt)
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt.get_piece_size()
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        return self.src.encode(texts, out_type=int)
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        return self.tgt.encode(texts, out_type=int)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        return self.tgt.decode(ids)
+

@@ -1,0 +1,193 @@
+"""The training loop: data, optimiser and schedule, validation, checkpoints, metrics log."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from mtrain import checkpoint, runtime
+from mtrain.config import Config
+from mtrain.data import Batch, DataError, encode_pairs, epoch_batches, group_references, read_parallel
+from mtrain.decode import translate
+from mtrain.evaluate import score
+from mtrain.model import Transformer
+from mtrain.tokenizer import PAD_ID, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def lr_factor(step: int, warmup_steps: int) -> float:
+    """Linear warmup to 1 over `warmup_steps`, then decay with the inverse square root of the step."""
+    step = max(step, 1)
+    if step < warmup_steps:
+        return step / warmup_steps
+    return math.sqrt(max(warmup_steps, 1) / step)
+
+
+def loss_fn(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Mean label-smoothed cross-entropy over non-padding target tokens."""
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(),  # (B*T, V)
+        tgt_out.flatten(),  # (B*T,)
+        ignore_index=PAD_ID,
+        label_smoothing=label_smoothing,
+    )
+
+
+@dataclass
+class Validation:
+    step: int
+    minutes: float
+    dev_loss: float
+    dev_bleu: float
+    dev_chrf: float
+
+
+class Trainer:
+    """Trains one run into its directory; knows the model only through forward/encode/decode."""
+
+    def __init__(self, cfg: Config, run_dir: Path, device: torch.device):
+        self.cfg, self.run_dir, self.device = cfg, run_dir, device
+        self.start = time.monotonic()
+        tcfg, dcfg = cfg.train, cfg.data
+        runtime.set_seed(tcfg.seed)
+        runtime.setup_precision(device)
+
+        train_pairs = read_parallel(Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang)
+        dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang)
+        if not train_pairs:
+            raise DataError(f"{dcfg.train}: no sentence pairs")
+        if not dev_pairs:
+            raise DataError(f"{dcfg.dev}: no sentence pairs")
+        log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
+        self.tokenizer = Tokenizer.train(
+            [s for s, _ in train_pairs], [t for _, t in train_pairs],
+            cfg.tokenizer, dcfg.src_lang, dcfg.tgt_lang, run_dir, tcfg.seed,
+        )
+        self.train_examples = encode_pairs(
+            self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len
+        )
+        self.dev_examples = encode_pairs(
+            self.tokenizer, dev_pairs, dcfg.max_src_len, dcfg.max_tgt_len
+        )
+        self.dev_sources, self.dev_refs = group_references(dev_pairs)
+
+        self.model: Transformer = checkpoint.build_model(cfg, self.tokenizer).to(device)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info("model has %.1fM parameters, training on %s", n_params / 1e6, device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=tcfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, tcfg.warmup_steps)
+        )
+        self.scaler = torch.amp.GradScaler(enabled=runtime.needs_grad_scaler(device))
+        self.rng = random.Random(tcfg.seed)
+        self.step = 0
+        self.best_bleu = -1.0
+
+    def minutes(self) -> float:
+        return (time.monotonic() - self.start) / 60
+
+    def train_step(self, batch: Batch) -> float:
+        self.model.train()
+        batch = batch.to(self.device)
+        with runtime.autocast(self.device):
+            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.step += 1
+        return loss.item()
+
+    @torch.no_grad()
+    def validate(self) -> Validation:
+        """Teacher-forced dev loss and greedy dev BLEU against all references."""
+        self.model.eval()
+        total, tokens = 0.0, 0
+        for batch in epoch_batches(self.dev_examples, self.cfg.train.batch_tokens, random.Random(0)):
+            batch = batch.to(self.device)
+            with runtime.autocast(self.device):
+                logits = self.model(batch.src, batch.tgt_in)
+            n = batch.n_target_tokens
+            total += loss_fn(logits, batch.tgt_out, 0.0).item() * n
+            tokens += n
+        hyps = translate(self.model, self.tokenizer, self.cfg, self.dev_sources, self.device)
+        scores = score(hyps, self.dev_refs, self.cfg.data.tgt_lang)
+        return Validation(self.step, self.minutes(), total / tokens, scores.bleu, scores.chrf)
+
+    def save(self, name: str) -> None:
+        checkpoint.save(
+            self.run_dir / name,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "best_bleu": self.best_bleu,
+            },
+        )
+
+    def checkpoint_and_log(self, val: Validation, metrics_file) -> None:
+        improved = val.dev_bleu > self.best_bleu
+        self.best_bleu = max(self.best_bleu, val.dev_bleu)
+        self.save(checkpoint.LAST)
+        if improved:
+            self.save(checkpoint.BEST)
+        record = {"event": "validation", **vars(val), "best": improved}
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        log.info(
+            "step %d  %.1f min  dev loss %.3f  dev BLEU %.2f  chrF %.2f%s",
+            val.step, val.minutes, val.dev_loss, val.dev_bleu, val.dev_chrf,
+            "  (best)" if improved else "",
+        )
+
+    def run(self) -> float:
+        """Train until max_steps or the time budget; return the best dev BLEU."""
+        tcfg = self.cfg.train
+        budget = tcfg.max_minutes or math.inf
+        reserve = 0.0  # minutes the last validation took: keep room for a final one
+        window_tokens, window_start = 0, time.monotonic()
+        bar = tqdm(total=tcfg.max_steps, desc="train", unit="step", dynamic_ncols=True)
+        metrics_path = self.run_dir / checkpoint.METRICS
+        with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
+            stop = False
+            while not stop:
+                for batch in epoch_batches(self.train_examples, tcfg.batch_tokens, self.rng):
+                    loss = self.train_step(batch)
+                    window_tokens += batch.n_tokens
+                    bar.update(1)
+                    if self.step % 10 == 0:
+                        now = time.monotonic()
+                        bar.set_postfix(
+                            loss=f"{loss:.3f}",
+                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                            tok_s=f"{window_tokens / (now - window_start):.0f}",
+                        )
+                        window_tokens, window_start = 0, now
+                    stop = self.step >= tcfg.max_steps or self.minutes() + reserve >= budget
+                    if stop or self.step % tcfg.eval_every == 0:
+                        began = self.minutes()
+                        self.checkpoint_and_log(self.validate(), metrics)
+                        reserve = self.minutes() - began
+                        window_tokens, window_start = 0, time.monotonic()
+                    if stop:
+                        break
+        bar.close()
+        return self.best_bleu
