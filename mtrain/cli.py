@@ -123,15 +123,19 @@ def evaluate(
     run: RunOption = None,
     src: Annotated[
         Path | None,
-        typer.Option(help="Source sentences, one per line. Default: the run's test split.",
-                     dir_okay=False, exists=True),
+        typer.Option(
+            help="Source sentences, one per line. Default: the run's test split.",
+            dir_okay=False,
+            exists=True,
+        ),
     ] = None,
     ref: Annotated[
         list[Path] | None,
         typer.Option(
             help="Reference translations, one per line, aligned with --src; repeat for several "
             "references per sentence (an empty line means no reference there).",
-            dir_okay=False, exists=True,
+            dir_okay=False,
+            exists=True,
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -158,6 +162,9 @@ def evaluate(
                 if len(stream) != len(sources):
                     fail(f"{path}: {len(stream)} lines, but {src} has {len(sources)}")
             references = [[r for r in refs if r.strip()] for refs in zip(*streams)]
+            for number, refs in enumerate(references, 1):
+                if not refs:
+                    fail(f"{src}:{number}: no reference in any --ref file")
             hyp_path = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}"
     except (CheckpointError, DataError) as e:
         fail(str(e))

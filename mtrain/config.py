@@ -81,10 +81,15 @@ def _check_value(key: str, value: Any, kind: Any) -> Any:
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         if value not in choices:
-            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+            expected = ", ".join(map(str, choices))
+            raise ConfigError(f"{key}: expected one of {expected}, got {value!r}")
         return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if kind is float and not isinstance(value, bool):
+        # YAML 1.1 reads 3e-4 (no dot) as a string; people write it that way.
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected float, got {value!r}") from None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
     return value
@@ -92,7 +97,8 @@ def _check_value(key: str, value: Any, kind: Any) -> Any:
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix or 'top level'}: expected a mapping, got {raw!r}")
+        where = prefix.rstrip(".") or "top level"
+        raise ConfigError(f"{where}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in raw:

@@ -70,14 +70,14 @@ def encode_pairs(
     tgts = tokenizer.encode_tgt([t for _, t in pairs])
     # tgt_in and tgt_out each add one token (<s> or </s>) to the pieces.
     return [
-        Example(src[: max_src_len - 1] + [EOS_ID], tgt[: max_tgt_len - 1])
+        Example([*src[: max_src_len - 1], EOS_ID], tgt[: max_tgt_len - 1])
         for src, tgt in zip(srcs, tgts)
     ]
 
 
 def encode_sources(tokenizer: Tokenizer, texts: list[str], max_src_len: int) -> list[list[int]]:
     """Encode normalised source sentences for translation, truncated like training data."""
-    return [ids[: max_src_len - 1] + [EOS_ID] for ids in tokenizer.encode_src(texts)]
+    return [[*ids[: max_src_len - 1], EOS_ID] for ids in tokenizer.encode_src(texts)]
 
 
 def pad(seqs: list[list[int]]) -> torch.Tensor:
@@ -116,8 +116,10 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         if device.type == "cuda":
             return Batch(
-                *(t.pin_memory().to(device, non_blocking=True)
-                  for t in (self.src, self.tgt_in, self.tgt_out))
+                *(
+                    t.pin_memory().to(device, non_blocking=True)
+                    for t in (self.src, self.tgt_in, self.tgt_out)
+                )
             )
         return self
 

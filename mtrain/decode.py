@@ -64,4 +64,3 @@ def translate(
         for j, hyp in zip(chunk, hyps):
             results[todo[j]] = hyp
     return results
-

@@ -27,6 +27,8 @@ def score(hypotheses: list[str], references: list[list[str]], tgt_lang: str) -> 
     """Score hypotheses against one or more references each; BLEU tokenises for `tgt_lang`."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} reference sets")
+    if not all(references):
+        raise ValueError("every sentence needs at least one reference")
     streams = reference_streams(references)
     bleu = BLEU(tokenize=BLEU_TOKENIZERS.get(tgt_lang, "13a"))
     chrf = CHRF()

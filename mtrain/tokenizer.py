@@ -105,4 +105,3 @@ class Tokenizer:
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self.tgt.decode(ids)
-

@@ -17,7 +17,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from mtrain import checkpoint, runtime
 from mtrain.config import Config
-from mtrain.data import Batch, DataError, encode_pairs, epoch_batches, group_references, read_parallel
+from mtrain.data import (
+    Batch,
+    DataError,
+    encode_pairs,
+    epoch_batches,
+    group_references,
+    read_parallel,
+)
 from mtrain.decode import translate
 from mtrain.evaluate import score
 from mtrain.model import Transformer
@@ -27,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def lr_factor(step: int, warmup_steps: int) -> float:
-    """Linear warmup to 1 over `warmup_steps`, then decay with the inverse square root of the step."""
+    """Linear warmup to 1 over `warmup_steps`, then inverse-square-root decay."""
     step = max(step, 1)
     if step < warmup_steps:
         return step / warmup_steps
@@ -71,8 +78,13 @@ class Trainer:
             raise DataError(f"{dcfg.dev}: no sentence pairs")
         log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
         self.tokenizer = Tokenizer.train(
-            [s for s, _ in train_pairs], [t for _, t in train_pairs],
-            cfg.tokenizer, dcfg.src_lang, dcfg.tgt_lang, run_dir, tcfg.seed,
+            [s for s, _ in train_pairs],
+            [t for _, t in train_pairs],
+            cfg.tokenizer,
+            dcfg.src_lang,
+            dcfg.tgt_lang,
+            run_dir,
+            tcfg.seed,
         )
         self.train_examples = encode_pairs(
             self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len
@@ -120,7 +132,8 @@ class Trainer:
         """Teacher-forced dev loss and greedy dev BLEU against all references."""
         self.model.eval()
         total, tokens = 0.0, 0
-        for batch in epoch_batches(self.dev_examples, self.cfg.train.batch_tokens, random.Random(0)):
+        batches = epoch_batches(self.dev_examples, self.cfg.train.batch_tokens, random.Random(0))
+        for batch in batches:
             batch = batch.to(self.device)
             with runtime.autocast(self.device):
                 logits = self.model(batch.src, batch.tgt_in)
@@ -154,7 +167,11 @@ class Trainer:
         metrics_file.flush()
         log.info(
             "step %d  %.1f min  dev loss %.3f  dev BLEU %.2f  chrF %.2f%s",
-            val.step, val.minutes, val.dev_loss, val.dev_bleu, val.dev_chrf,
+            val.step,
+            val.minutes,
+            val.dev_loss,
+            val.dev_bleu,
+            val.dev_chrf,
             "  (best)" if improved else "",
         )
 

@@ -102,7 +102,9 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=2000, help="distinct Chinese sentences")
     parser.add_argument("--dev", type=int, default=1000, help="distinct Chinese sentences")
     parser.add_argument(
-        "--max-group", type=int, default=8,
+        "--max-group",
+        type=int,
+        default=8,
         help="groups with more distinct Chinese sentences than this always go to train",
     )
     args = parser.parse_args()

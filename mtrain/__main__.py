@@ -1,0 +1,3 @@
+from mtrain.cli import app
+
+app(prog_name="mtrain")

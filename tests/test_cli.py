@@ -1,0 +1,144 @@
+"""End to end through the installed console script: train the tiny config, translate, evaluate."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mtrain(*args, input=None, cwd=REPO):
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    result = mtrain(
+        "train",
+        "--config",
+        "configs/tiny.yaml",
+        "--out",
+        str(out),
+        "--set",
+        "train.max_steps=120",
+        "--set",
+        "train.eval_every=60",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(out)  # stdout holds the result only
+    return out
+
+
+def test_run_directory_contents(run_dir):
+    for name in ("config.yaml", "spm.src.model", "spm.tgt.model", "last.pt", "best.pt"):
+        assert (run_dir / name).is_file(), name
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [60, 120]
+    assert all({"dev_loss", "dev_bleu", "dev_chrf"} <= set(r) for r in records)
+    assert records[1]["dev_loss"] < records[0]["dev_loss"]
+
+
+def test_translate_arguments_and_stdin_agree(run_dir):
+    args = mtrain("translate", "我是谁", "今天是星期二", "--run", str(run_dir))
+    assert args.returncode == 0, args.stderr
+    lines = args.stdout.splitlines()
+    assert len(lines) == 2 and all(lines)
+    piped = mtrain("translate", "--run", str(run_dir), input="我是谁\n\n今天是星期二\n")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.splitlines() == [lines[0], "", lines[1]]
+
+
+def test_traditional_and_simplified_input_are_one(run_dir):
+    result = mtrain("translate", "我是誰", "我是谁", "--run", str(run_dir))
+    first, second = result.stdout.splitlines()
+    assert first == second
+
+
+def test_translate_uses_latest_run_by_default(run_dir, tmp_path):
+    (tmp_path / "runs").symlink_to(run_dir.parent, target_is_directory=True)
+    result = mtrain("translate", "我是谁", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"using run {Path('runs') / run_dir.name}" in result.stderr
+    assert result.stdout.strip()
+
+
+def test_eval_default_test_split(run_dir):
+    result = mtrain("eval", "--run", str(run_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(result.stdout)
+    assert scores["sentences"] == 2000
+    assert 0 <= scores["bleu"] <= 100 and scores["chrf"] > 0
+    assert "nrefs:var" in scores["bleu_signature"]
+    hyps = Path(scores["hypotheses"]).read_text().splitlines()
+    assert len(hyps) == 2000
+
+
+def test_eval_files_with_several_references(run_dir, tmp_path):
+    src, ref1, ref2 = tmp_path / "src.zh", tmp_path / "ref1.en", tmp_path / "ref2.en"
+    src.write_text("我是谁\n今天是星期二\n")
+    hyps = mtrain("translate", "--run", str(run_dir), input=src.read_text()).stdout
+    assert all(hyps.splitlines())
+    ref1.write_text(hyps)  # the model's own output as one reference: a perfect match
+    ref2.write_text("Who am I?\n\n")  # a second reference for the first sentence only
+    ref3 = tmp_path / "ref3.en"
+    ref3.write_text("Who am I?\nIt is Tuesday.\n")
+
+    def chrf(*refs):
+        args = [a for r in refs for a in ("--ref", str(r))]
+        result = mtrain("eval", "--run", str(run_dir), "--src", str(src), "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    both = chrf(ref1, ref2)
+    assert both["chrf"] == pytest.approx(100.0)
+    assert "nrefs:var" in both["chrf_signature"]
+    assert chrf(ref3)["chrf"] < 100
+    missing = mtrain("eval", "--run", str(run_dir), "--src", str(src), "--ref", str(ref2))
+    assert missing.returncode == 2 and f"{src}:2: no reference in any --ref file" in missing.stderr
+    assert (run_dir / "src.zh.hyp.en").read_text() == hyps
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--config", "configs/missing.yaml"], "cannot read config"),
+        (
+            ["train", "--config", "configs/tiny.yaml", "--set", "model.d_modle=3"],
+            "unknown key 'model.d_modle'",
+        ),
+        (["translate", "x", "--run", "configs"], "not a run directory"),
+    ],
+)
+def test_errors_are_one_line(args, message):
+    result = mtrain(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_eval_rejects_misaligned_references(run_dir, tmp_path):
+    src, ref = tmp_path / "s", tmp_path / "r"
+    src.write_text("一\n二\n")
+    ref.write_text("one\n")
+    result = mtrain("eval", "--run", str(run_dir), "--src", str(src), "--ref", str(ref))
+    assert result.returncode == 2 and "1 lines, but" in result.stderr
+
+
+def test_help_lists_every_command():
+    result = mtrain("--help")
+    assert result.returncode == 0
+    for command in ("train", "translate", "eval"):
+        assert command in result.stdout

@@ -1,0 +1,95 @@
+from pathlib import Path
+
+import pytest
+
+from mtrain import config
+from mtrain.config import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["default", "tiny", "base-gpu"])
+def test_shipped_configs_load(name):
+    cfg = config.load(REPO / "configs" / f"{name}.yaml")
+    assert cfg.model.d_model % cfg.model.n_heads == 0
+
+
+def test_shipped_configs_spell_out_every_key():
+    """Every option is used by the config files, so none is dead."""
+    import yaml
+
+    defaults = config.Config().to_dict()
+    for path in (REPO / "configs").glob("*.yaml"):
+        raw = yaml.safe_load(path.read_text())
+        for section, keys in defaults.items():
+            assert set(raw[section]) == set(keys), f"{path.name}: {section}"
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = write(tmp_path, "model:\n  d_modle: 128\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: unknown key 'model\.d_modle'"):
+        config.load(path)
+
+
+def test_unknown_section_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'optim'"):
+        config.load(write(tmp_path, "optim:\n  lr: 1\n"))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("model:\n  d_model: big\n", r"model\.d_model: expected int, got 'big'"),
+        ("model:\n  n_heads: 1.5\n", r"model\.n_heads: expected int"),
+        ("model:\n  norm: middle\n", r"model\.norm: expected one of pre, post"),
+        ("model:\n  d_model: 250\n  n_heads: 4\n", r"model\.d_model: 250 is not divisible"),
+        ("model:\n  d_ff: -4\n", r"model\.d_ff: must be positive"),
+        ("model:\n  dropout: 1.5\n", r"model\.dropout"),
+        ("train:\n  batch_tokens: 10\n", r"train\.batch_tokens"),
+        ("tokenizer:\n  joint: 1\n", r"tokenizer\.joint: expected bool"),
+        ("model: 3\n", r"model: expected a mapping"),
+        ("- a\n- b\n", r"expected a mapping"),
+        ("model: [\n", r"not valid YAML"),
+    ],
+)
+def test_bad_values_are_named(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        config.load(write(tmp_path, text))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        config.load(tmp_path / "nope.yaml")
+
+
+def test_int_accepted_for_float(tmp_path):
+    cfg = config.load(write(tmp_path, "train:\n  lr: 1\n"))
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+
+
+def test_overrides(tmp_path):
+    path = write(tmp_path, "train:\n  lr: 0.1\n")
+    cfg = config.load(path, ["train.lr=3e-4", "model.norm=post", "tokenizer.joint=true"])
+    assert cfg.train.lr == 3e-4 and cfg.model.norm == "post" and cfg.tokenizer.joint is True
+    with pytest.raises(ConfigError, match=r"unknown key 'train\.lrr'"):
+        config.load(path, ["train.lrr=1"])
+    with pytest.raises(ConfigError, match=r"expected section\.key=value"):
+        config.load(path, ["lr=1"])
+
+
+def test_round_trip_through_dict():
+    cfg = config.load(REPO / "configs" / "default.yaml")
+    assert config.from_dict(cfg.to_dict()) == cfg
+
+
+def test_exponent_without_dot_is_a_float(tmp_path):
+    cfg = config.load(write(tmp_path, "train:\n  lr: 3e-4\n"))
+    assert cfg.train.lr == 3e-4
+    with pytest.raises(ConfigError, match=r"train\.lr: expected float, got 'fast'"):
+        config.load(write(tmp_path, "train:\n  lr: fast\n"))

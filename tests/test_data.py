@@ -1,0 +1,131 @@
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtrain.data import (
+    Batch,
+    DataError,
+    Example,
+    encode_pairs,
+    group_references,
+    read_parallel,
+    token_batches,
+)
+from mtrain.text import normalize
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data" / "tatoeba"
+sys.path.insert(0, str(REPO / "scripts"))
+import prepare_tatoeba  # noqa: E402
+
+
+def shipped_split(name):
+    return prepare_tatoeba.read_export(DATA / f"{name}.tsv")[0]
+
+
+def test_shipped_split_has_no_leakage():
+    train = shipped_split("train")
+    seen_zh = {normalize(r[1], "zh") for r in train}
+    seen_en = {r[3] for r in train}
+    for name in ("dev", "test"):
+        rows = shipped_split(name)
+        assert rows
+        assert not {normalize(r[1], "zh") for r in rows} & seen_zh, name
+        assert not {r[3] for r in rows} & seen_en, name
+    dev, test = shipped_split("dev"), shipped_split("test")
+    assert not {r[3] for r in dev} & {r[3] for r in test}
+
+
+def test_split_is_deterministic_and_reproduces_the_shipped_data():
+    """The split depends only on the pairs: re-splitting the shipped files gives them back."""
+    parts = [shipped_split(n) for n in ("train", "dev", "test")]
+    rows = [r for part in reversed(parts) for r in part]  # any order must give the same split
+    groups = prepare_tatoeba.connected_groups(prepare_tatoeba.drop_duplicates(rows))
+    again = prepare_tatoeba.split(groups, 2000, 1000, 8)
+    assert [sorted(p) for p in again] == [sorted(p) for p in parts]
+
+
+def test_prepare_handles_bom_crlf_whitespace_and_duplicates(tmp_path):
+    export = tmp_path / "export.tsv"
+    export.write_bytes(
+        "\ufeff1\t我们  试试看！\t10\tLet's try.\r\n"
+        "1\t我们 试试看！\t10\t Let's try. \r\n"
+        "2\t我是誰\t20\tWho am I?\r\n"
+        "broken line\r\n".encode()
+    )
+    rows, skipped = prepare_tatoeba.read_export(export)
+    assert skipped == 1
+    assert rows[0] == ("1", "我们 试试看！", "10", "Let's try.")
+    assert len(prepare_tatoeba.drop_duplicates(rows)) == 2
+
+
+def test_groups_join_traditional_and_simplified():
+    rows = [("1", "我是誰", "10", "Who am I?"), ("2", "我是谁", "11", "Who am I, then?")]
+    assert len(prepare_tatoeba.connected_groups(rows)) == 1
+
+
+def test_read_parallel_formats_and_normalisation(tmp_path):
+    two = tmp_path / "two.tsv"
+    two.write_text("我是誰\tWho am I?\n\n今天  是星期二\tIt's Tuesday.\n", encoding="utf-8")
+    assert read_parallel(two, "zh", "en") == [
+        ("我是谁", "Who am I?"),
+        ("今天 是星期二", "It's Tuesday."),
+    ]
+
+
+def test_read_parallel_errors_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tb\nonly one column\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad\.tsv:2: expected 2 or 4"):
+        read_parallel(bad, "zh", "en")
+    binary = tmp_path / "bin.tsv"
+    binary.write_bytes(b"a\tb\nc\t\xff\xfe\n")
+    with pytest.raises(DataError, match=r"bin\.tsv:2: not valid UTF-8"):
+        read_parallel(binary, "zh", "en")
+    with pytest.raises(DataError, match="cannot read"):
+        read_parallel(tmp_path / "missing.tsv", "zh", "en")
+
+
+def test_group_references():
+    pairs = [("a", "1"), ("b", "2"), ("a", "3")]
+    assert group_references(pairs) == (["a", "b"], [["1", "3"], ["2"]])
+
+
+def test_tgt_out_is_tgt_in_shifted():
+    batch = Batch.collate([Example([5, 6, EOS_ID], [7, 8, 9]), Example([5, EOS_ID], [7])])
+    assert batch.tgt_in.tolist() == [[BOS_ID, 7, 8, 9], [BOS_ID, 7, PAD_ID, PAD_ID]]
+    assert batch.tgt_out.tolist() == [[7, 8, 9, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]]
+    real = batch.tgt_in[:, 1:] != PAD_ID
+    assert (batch.tgt_in[:, 1:][real] == batch.tgt_out[:, :-1][real]).all()
+    assert batch.src.tolist() == [[5, 6, EOS_ID], [5, EOS_ID, PAD_ID]]
+    assert batch.n_tokens == 5 + 6
+
+
+def test_truncation_to_maximum_lengths(tokenizer):
+    long = " ".join(["one two three"] * 20)
+    (ex,) = encode_pairs(tokenizer, [("一二三" * 20, long)], max_src_len=8, max_tgt_len=5)
+    assert len(ex.src) == 8 and ex.src[-1] == EOS_ID
+    batch = Batch.collate([ex])
+    assert batch.tgt_in.shape[1] == 5 and batch.tgt_out[0, -1] == EOS_ID
+
+
+def test_empty_pairs_are_dropped(tokenizer):
+    assert len(encode_pairs(tokenizer, [("", "one"), ("一", ""), ("一", "one")], 8, 8)) == 1
+
+
+def test_token_batches_cover_every_example_once_within_budget():
+    rng = random.Random(0)
+    examples = [Example([4] * rng.randint(1, 30), [4] * rng.randint(1, 30)) for _ in range(500)]
+    batches = token_batches(examples, 200, random.Random(1))
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(500))
+    for b in batches:
+        padded = len(b) * (
+            max(len(examples[i].src) for i in b) + max(len(examples[i].tgt) + 1 for i in b)
+        )
+        assert padded <= 200
+    assert batches == token_batches(examples, 200, random.Random(1))
+    assert batches != token_batches(examples, 200, random.Random(2))

@@ -1,0 +1,105 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtrain.config import ModelConfig
+from mtrain.model import Transformer, causal_mask, padding_mask
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 50
+
+
+def make_model(norm="pre", dropout=0.0, seed=0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=64,
+        dropout=dropout,
+        norm=norm,
+    )
+    return Transformer(cfg, VOCAB, VOCAB + 7, max_len=40, pad_id=PAD_ID).eval()
+
+
+def tokens(batch, length, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, VOCAB, (batch, length), generator=g)
+
+
+def test_masks():
+    m = padding_mask(torch.tensor([[5, 6, PAD_ID]]), PAD_ID)
+    assert m.shape == (1, 1, 1, 3) and m.tolist() == [[[[True, True, False]]]]
+    c = causal_mask(3, torch.device("cpu"))
+    assert c[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_output_shapes(norm):
+    model = make_model(norm)
+    src, tgt_in = tokens(3, 9), tokens(3, 7)
+    memory, src_mask = model.encode(src)
+    assert memory.shape == (3, 9, 32) and src_mask.shape == (3, 1, 1, 9)
+    logits = model(src, tgt_in)
+    assert logits.shape == (3, 7, VOCAB + 7)
+    assert torch.equal(logits, model.decode(tgt_in, memory, src_mask))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_decoder_is_causal(norm):
+    """Changing future decoder tokens leaves earlier logits unchanged."""
+    model = make_model(norm)
+    src, tgt_in = tokens(2, 6), tokens(2, 8)
+    changed = tgt_in.clone()
+    changed[:, 5:] = tokens(2, 3, seed=9)
+    a, b = model(src, tgt_in), model(src, changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_padding_invariance(norm):
+    """Extra padding on source or target leaves the logits of real positions unchanged."""
+    model = make_model(norm)
+    src, tgt_in = tokens(2, 6), tokens(2, 5)
+    padded_src = F.pad(src, (0, 4), value=PAD_ID)
+    padded_tgt = F.pad(tgt_in, (0, 3), value=PAD_ID)
+    reference = model(src, tgt_in)
+    torch.testing.assert_close(model(padded_src, tgt_in), reference)
+    torch.testing.assert_close(model(src, padded_tgt)[:, :5], reference)
+
+
+def test_batch_invariance():
+    """A sentence's logits do not depend on the other, shorter sentences in its batch."""
+    model = make_model()
+    src, tgt_in = tokens(1, 7), tokens(1, 6)
+    short_src = F.pad(tokens(1, 3, seed=5), (0, 4), value=PAD_ID)
+    short_tgt = F.pad(tokens(1, 2, seed=6), (0, 4), value=PAD_ID)
+    batched = model(torch.cat([src, short_src]), torch.cat([tgt_in, short_tgt]))
+    torch.testing.assert_close(batched[:1], model(src, tgt_in))
+
+
+def test_source_matters():
+    model = make_model()
+    tgt_in = tokens(1, 5)
+    a, b = model(tokens(1, 6, seed=1), tgt_in), model(tokens(1, 6, seed=2), tgt_in)
+    assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_tiny_model_overfits_a_small_batch(norm):
+    model = make_model(norm).train()
+    src = tokens(4, 6)
+    body = tokens(4, 5, seed=3)
+    tgt_in = torch.cat([torch.full((4, 1), BOS_ID), body], dim=1)
+    tgt_out = torch.cat([body, torch.full((4, 1), EOS_ID)], dim=1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    assert loss.item() < 0.05
+    assert torch.equal(model(src, tgt_in).argmax(-1), tgt_out)

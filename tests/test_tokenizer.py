@@ -1,0 +1,47 @@
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+
+def test_pinned_special_ids(tokenizer):
+    for sp in (tokenizer.src, tokenizer.tgt):
+        assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+
+
+def test_round_trip(tokenizer):
+    texts = ["three one four one five", "nine", "two six"]
+    assert tokenizer.decode_tgt(tokenizer.encode_tgt(texts)) == texts
+
+
+def test_unseen_characters_fall_back_to_bytes(tokenizer):
+    ids = tokenizer.encode_src(["我是谁"])[0]  # none of these characters is in the corpus
+    assert UNK_ID not in ids
+    assert tokenizer.src.decode(ids) == "我是谁"
+
+
+def test_separate_models_have_their_own_vocabularies(tokenizer):
+    assert tokenizer.src.id_to_piece(4) != tokenizer.tgt.id_to_piece(4) or (
+        tokenizer.src.serialized_model_proto() != tokenizer.tgt.serialized_model_proto()
+    )
+
+
+def test_load_and_joint(tmp_path):
+    from mtrain.config import TokenizerConfig
+
+    cfg = TokenizerConfig(joint=True, vocab_size=300, character_coverage=1.0)
+    tok = Tokenizer.train(["一二三"] * 50, ["one two three"] * 50, cfg, "zh", "en", tmp_path)
+    again = Tokenizer.load(tmp_path)
+    assert again.src.serialized_model_proto() == again.tgt.serialized_model_proto()
+    assert again.encode_src(["一二"]) == tok.encode_tgt(["一二"])
+
+
+def test_training_is_repeatable(tmp_path):
+    from mtrain.config import TokenizerConfig
+
+    cfg = TokenizerConfig(vocab_size=300, character_coverage=1.0)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    texts = [f"sentence number {i} of {i * 7}" for i in range(300)]
+    Tokenizer.train(texts, texts, cfg, "en", "de", a)
+    Tokenizer.train(texts, texts, cfg, "en", "de", b)
+    assert (a / "spm.tgt.model").read_bytes() == (b / "spm.tgt.model").read_bytes()
