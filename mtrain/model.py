@@ -60,13 +60,12 @@ class Embeddings(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over n_heads subspaces; queries and keys/values may differ."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.q_proj = nn.Linear(d_model, d_model)
         self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
         self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = dropout
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape  # (B, L, d_model) -> (B, n_heads, L, d_head)
@@ -78,28 +77,27 @@ class MultiHeadAttention(nn.Module):
         # query (B, Tq, d_model), key_value (B, Tk, d_model), mask broadcastable to (B, h, Tq, Tk)
         q = self._split_heads(self.q_proj(query))
         k, v = (self._split_heads(x) for x in self.kv_proj(key_value).chunk(2, dim=-1))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, h, Tq, d_head)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, Tq, d_head)
         b, _, tq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, tq, -1))
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: Linear, ReLU, dropout, Linear."""
+    """Position-wise feed-forward network: Linear, ReLU, Linear."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, d_ff: int):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
-        )
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
 class Residual(nn.Module):
-    """Residual connection with LayerNorm: before the sublayer (pre-norm) or after (post-norm)."""
+    """Residual connection with LayerNorm: before the sublayer (pre-norm) or after (post-norm).
+
+    As in the paper, dropout is applied to the sublayer's output before it is added.
+    """
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
@@ -119,8 +117,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
         self.residuals = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, pre) for _ in range(2))
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
@@ -134,9 +132,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
         self.residuals = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
     def forward(

@@ -181,7 +181,9 @@ class Trainer:
         budget = tcfg.max_minutes or math.inf
         reserve = 0.0  # minutes the last validation took: keep room for a final one
         window_tokens, window_start = 0, time.monotonic()
-        bar = tqdm(total=tcfg.max_steps, desc="train", unit="step", dynamic_ncols=True)
+        # Under a time budget the step count is unknown: show no misleading ETA.
+        total = None if tcfg.max_minutes else tcfg.max_steps
+        bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
         metrics_path = self.run_dir / checkpoint.METRICS
         with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
             stop = False
