@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import logging
 import sys
@@ -10,13 +12,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from tqdm import tqdm
 
 from mtrain import checkpoint, config, runtime
 from mtrain.checkpoint import CheckpointError
-from mtrain.config import ConfigError
+from mtrain.config import Config, ConfigError
 from mtrain.data import DataError, group_references, read_lines, read_parallel
-from mtrain.decode import translate as translate_texts
 from mtrain.evaluate import score
+from mtrain.translate import Translator
 
 app = typer.Typer(
     add_completion=False,
@@ -27,6 +30,12 @@ app = typer.Typer(
 RUNS_ROOT = Path("runs")
 log = logging.getLogger("mtrain")
 
+
+class Quantize(str, enum.Enum):
+    none = "none"
+    int8 = "int8"
+
+
 RunOption = Annotated[
     Path | None,
     typer.Option(
@@ -35,6 +44,20 @@ RunOption = Annotated[
         file_okay=False,
     ),
 ]
+
+
+BeamOption = Annotated[
+    int | None, typer.Option("--beam", min=1, help="Beam size; 1 is greedy. Default: the run's.")
+]
+AlphaOption = Annotated[
+    float | None,
+    typer.Option(min=0.0, help="Length penalty exponent for beam search. Default: the run's."),
+]
+QuantizeOption = Annotated[
+    Quantize,
+    typer.Option(help="int8: dynamic int8 quantization of the linear layers (CPU only)."),
+]
+DeviceOption = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
 
 
 def fail(message: str) -> None:
@@ -69,7 +92,7 @@ def train(
         Path | None,
         typer.Option(help="Run directory to create. Default: runs/<config name>-<date-time>."),
     ] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    device: DeviceOption = "auto",
 ) -> None:
     """Train a model; writes config, tokenizers, checkpoints and metrics into a run directory."""
     from mtrain.train import Trainer  # keeps `translate` start-up free of training imports
@@ -98,24 +121,95 @@ def train(
     typer.echo(str(run_dir))
 
 
+def load_translator(
+    run: Path | None,
+    device: str,
+    beam: int | None,
+    alpha: float | None,
+    quantize: Quantize,
+    nbest: int = 1,
+) -> tuple[Path, Config, Translator]:
+    """Load a run and wrap it in a Translator with the decoding options asked for."""
+    torch_device = runtime.pick_device(device)
+    runtime.configure(torch_device)
+    run_dir = resolve_run(run)
+    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device)
+    if quantize is Quantize.int8:
+        if torch_device.type != "cpu":
+            fail("--quantize int8 runs on the CPU only; add --device cpu")
+        model = runtime.quantize_int8(model)
+    asked = {"beam_size": beam, "alpha": alpha}
+    decode = dataclasses.replace(cfg.decode, **{k: v for k, v in asked.items() if v is not None})
+    if nbest > decode.beam_size:
+        fail(f"--nbest {nbest} needs --beam {nbest} or more")
+    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)
+
+
 @app.command()
 def translate(
     texts: Annotated[
         list[str] | None,
-        typer.Argument(help="Sentences to translate. Default: one per line from stdin."),
+        typer.Argument(help="Sentences to translate. Default: lines of --input, or of stdin."),
+    ] = None,
+    input_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Translate this file, one sentence per line.",
+            dir_okay=False,
+            exists=True,
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write translations here instead of stdout."),
     ] = None,
     run: RunOption = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    beam: BeamOption = None,
+    alpha: AlphaOption = None,
+    nbest: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Print the N best translations of each line as "
+            "'LINE ||| TRANSLATION ||| SCORE' (LINE counts from 0).",
+        ),
+    ] = 1,
+    quantize: QuantizeOption = Quantize.none,
+    device: DeviceOption = "auto",
 ) -> None:
-    """Translate sentences with greedy decoding; one output line per input line, in order."""
+    """Translate sentences; one output line per input line, in input order.
+
+    Input comes from the arguments, --input, or stdin; it is read and translated in chunks, so
+    files of any length work in bounded memory. An empty line gives an empty line.
+    """
     setup_logging()
+    if texts and input_path:
+        fail("give sentences as arguments or --input, not both")
     try:
-        cfg, tokenizer, model = checkpoint.load_run(resolve_run(run), runtime.pick_device(device))
-    except CheckpointError as e:
+        _, _, translator = load_translator(run, device, beam, alpha, quantize, nbest)
+        stream = input_path.open(encoding="utf-8-sig") if input_path else None
+    except (CheckpointError, OSError) as e:
         fail(str(e))
-    lines = texts if texts else sys.stdin.read().splitlines()
-    for hyp in translate_texts(model, tokenizer, cfg, lines, runtime.pick_device(device)):
-        typer.echo(hyp)
+    lines = texts if texts else (line.rstrip("\r\n") for line in (stream or sys.stdin))
+    out = output.open("w", encoding="utf-8") if output else sys.stdout
+    progress = tqdm(desc="translate", unit=" lines", disable=not (input_path or output))
+    try:
+        for number, translations in enumerate(translator.stream(lines)):
+            if nbest == 1:
+                out.write(translations[0].text + "\n")
+            else:
+                out.writelines(f"{number} ||| {t.text} ||| {t.score:.4f}\n" for t in translations)
+            progress.update(1)
+    except UnicodeDecodeError as e:
+        fail(f"{input_path or 'stdin'}: not valid UTF-8 ({e.reason})")
+    finally:
+        progress.close()
+        if output:
+            out.close()
+        if stream:
+            stream.close()
 
 
 @app.command(name="eval")
@@ -138,17 +232,18 @@ def evaluate(
             exists=True,
         ),
     ] = None,
+    beam: BeamOption = None,
+    alpha: AlphaOption = None,
+    quantize: QuantizeOption = Quantize.none,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    device: DeviceOption = "auto",
 ) -> None:
     """Translate a test set and print BLEU and chrF with their sacrebleu signatures."""
     setup_logging()
-    torch_device = runtime.pick_device(device)
+    if (src is None) != (ref is None):
+        fail("--src and --ref go together")
     try:
-        run_dir = resolve_run(run)
-        cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device)
-        if (src is None) != (ref is None):
-            fail("--src and --ref go together")
+        run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize)
         if src is None:
             test = Path(cfg.data.test)
             sources, references = group_references(
@@ -168,7 +263,7 @@ def evaluate(
             hyp_path = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}"
     except (CheckpointError, DataError) as e:
         fail(str(e))
-    hyps = translate_texts(model, tokenizer, cfg, sources, torch_device)
+    hyps = [t[0].text for t in translator.stream(sources)]
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     scores = score(hyps, references, cfg.data.tgt_lang)
     log.info("hypotheses written to %s", hyp_path)

@@ -60,8 +60,11 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    batch_size: int = 100  # sentences per batch
-    max_len_ratio: float = 2.0  # output length limit: ratio × source length + 10 tokens
+    batch_tokens: int = 6000  # source tokens per batch, padding included, shared by the beams
+    beam_size: int = 1  # 1 is greedy search
+    alpha: float = 0.6  # length penalty exponent of beam search
+    max_len_ratio: float = 1.5  # output length limit: ratio × source length + offset tokens
+    max_len_offset: int = 10
 
 
 @dataclass
@@ -130,7 +133,8 @@ def _validate(cfg: Config) -> None:
         "train.max_steps": cfg.train.max_steps,
         "train.eval_every": cfg.train.eval_every,
         "train.clip_norm": cfg.train.clip_norm,
-        "decode.batch_size": cfg.decode.batch_size,
+        "decode.batch_tokens": cfg.decode.batch_tokens,
+        "decode.beam_size": cfg.decode.beam_size,
         "decode.max_len_ratio": cfg.decode.max_len_ratio,
     }
     for key, value in positive.items():
@@ -149,6 +153,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.label_smoothing: must be in [0, 1), got {cfg.train.label_smoothing}"
         )
+    if cfg.decode.alpha < 0 or cfg.decode.max_len_offset < 0:
+        raise ConfigError("decode.alpha and decode.max_len_offset must not be negative")
     if cfg.train.warmup_steps < 0 or cfg.train.max_minutes < 0:
         raise ConfigError("train.warmup_steps and train.max_minutes must not be negative")
     if not 0.9 <= cfg.tokenizer.character_coverage <= 1:

@@ -61,6 +61,11 @@ class Example:
     tgt: list[int]  # target pieces, without <s> or </s>
 
 
+def source_ids(pieces: list[int], max_src_len: int) -> list[int]:
+    """Source pieces truncated to leave room for </s>, then </s>."""
+    return [*pieces[: max_src_len - 1], EOS_ID]
+
+
 def encode_pairs(
     tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_src_len: int, max_tgt_len: int
 ) -> list[Example]:
@@ -70,14 +75,9 @@ def encode_pairs(
     tgts = tokenizer.encode_tgt([t for _, t in pairs])
     # tgt_in and tgt_out each add one token (<s> or </s>) to the pieces.
     return [
-        Example([*src[: max_src_len - 1], EOS_ID], tgt[: max_tgt_len - 1])
+        Example(source_ids(src, max_src_len), tgt[: max_tgt_len - 1])
         for src, tgt in zip(srcs, tgts)
     ]
-
-
-def encode_sources(tokenizer: Tokenizer, texts: list[str], max_src_len: int) -> list[list[int]]:
-    """Encode normalised source sentences for translation, truncated like training data."""
-    return [[*ids[: max_src_len - 1], EOS_ID] for ids in tokenizer.encode_src(texts)]
 
 
 def pad(seqs: list[list[int]]) -> torch.Tensor:

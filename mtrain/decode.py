@@ -1,66 +1,136 @@
-"""Greedy search over `model.encode` / `model.decode`, and batched translation of text."""
+"""Search over `model.encode` / `model.decode`: greedy and beam search, with a key/value cache."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from mtrain.config import Config
-from mtrain.data import encode_sources, pad
 from mtrain.model import Transformer
-from mtrain.text import normalize
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-def length_limits(src: torch.Tensor, ratio: float, cap: int) -> torch.Tensor:
-    """(B, S) source ids -> (B,) output length limits: ratio × source length + 10, at most cap."""
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without <s> and </s>
+    score: float  # log-probability, divided by the length penalty in beam search
+
+
+def length_limits(src: torch.Tensor, ratio: float, offset: int, cap: int) -> torch.Tensor:
+    """(B, S) source ids -> (B,) output limits: ratio × source length + offset, at most cap."""
     src_len = (src != PAD_ID).sum(dim=1).float()
-    return (src_len * ratio + 10).ceil().clamp(max=cap).long()
+    return (src_len * ratio + offset).ceil().clamp(min=1, max=cap).long()
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's length normalisation (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
+    return ((5 + length) / 6) ** alpha
 
 
 @torch.no_grad()
-def greedy(model: Transformer, src: torch.Tensor, limits: torch.Tensor) -> list[list[int]]:
+def greedy(
+    model: Transformer, src: torch.Tensor, limits: torch.Tensor, use_cache: bool = True
+) -> list[list[int]]:
     """Decode a (B, S) batch one step at a time, feeding back the most likely token.
 
-    Each sentence ends at </s> or after limits[i] tokens; returned ids exclude <s> and </s>.
+    Sentence i ends at </s> or after limits[i] tokens and then leaves the batch. With the cache
+    each step runs the decoder on the newest token only; without it, on the whole prefix.
     """
     memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
+    cache = model.start_cache(memory) if use_cache else None
     batch = src.size(0)
-    ys = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)  # (B, t)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    rows = torch.arange(batch, device=src.device)  # original row of each sentence still decoding
+    prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)  # (b, t)
     limits = limits.to(src.device)
-    for step in range(1, int(limits.max()) + 1):
-        logits = model.decode(ys, memory, src_mask)[:, -1]  # (B, tgt_vocab)
-        next_token = logits.argmax(dim=-1).masked_fill(finished, PAD_ID)  # (B,)
-        ys = torch.cat([ys, next_token[:, None]], dim=1)
-        finished |= (next_token == EOS_ID) | (limits <= step)
-        if finished.all():
-            break
-    out = []
-    for row in ys[:, 1:].tolist():
-        out.append([t for t in row if t not in (EOS_ID, PAD_ID)])
+    out: list[list[int]] = [[] for _ in range(batch)]
+    step = 0
+    while rows.numel():
+        step += 1
+        if cache is None:
+            logits = model.decode(prefix, memory, src_mask)[:, -1]  # (b, tgt_vocab)
+        else:
+            logits = model.decode(prefix[:, -1:], memory, src_mask, cache)[:, -1]
+        token = logits.argmax(dim=-1)  # (b,)
+        for row, t in zip(rows.tolist(), token.tolist()):
+            if t != EOS_ID:
+                out[row].append(t)
+        keep = ((token != EOS_ID) & (limits[rows] > step)).nonzero().squeeze(1)
+        prefix = torch.cat([prefix, token[:, None]], dim=1)
+        if keep.numel() < rows.numel():  # drop finished sentences from the work
+            rows, prefix = rows[keep], prefix[keep]
+            memory, src_mask = memory[keep], src_mask[keep]
+            if cache is not None:
+                cache = [c.select(keep) for c in cache]
     return out
 
 
-def translate(
+@torch.no_grad()
+def beam_search(
     model: Transformer,
-    tokenizer: Tokenizer,
-    cfg: Config,
-    texts: list[str],
-    device: torch.device,
-) -> list[str]:
-    """Translate sentences in batches of similar length; output order follows input order."""
-    model.eval()
-    sources = [normalize(t, cfg.data.src_lang) for t in texts]
-    todo = [i for i, s in enumerate(sources) if s]  # empty lines translate to empty lines
-    ids = encode_sources(tokenizer, [sources[i] for i in todo], cfg.data.max_src_len)
-    order = sorted(range(len(todo)), key=lambda j: len(ids[j]))
-    results = [""] * len(texts)
-    size = cfg.decode.batch_size
-    for start in range(0, len(order), size):
-        chunk = order[start : start + size]
-        src = pad([ids[j] for j in chunk]).to(device)
-        limits = length_limits(src, cfg.decode.max_len_ratio, cfg.data.max_tgt_len)
-        hyps = tokenizer.decode_tgt(greedy(model, src, limits))
-        for j, hyp in zip(chunk, hyps):
-            results[todo[j]] = hyp
-    return results
+    src: torch.Tensor,
+    limits: torch.Tensor,
+    beam_size: int,
+    alpha: float,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """Beam search over a (B, S) batch; returns each sentence's `nbest` best, best first.
+
+    As in fairseq: each step ranks 2 × beam candidates; a candidate ending in </s> among the
+    best `beam_size` is finished (scored with the length penalty), the best others stay alive.
+    A sentence is done when it has `beam_size` finished hypotheses or reaches its length limit,
+    where its alive hypotheses are finished as they are.
+    """
+    batch, k = src.size(0), beam_size
+    device = src.device
+    memory, src_mask = model.encode(src)
+    expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B*k,)
+    memory, src_mask = memory[expand], src_mask[expand]
+    cache = model.start_cache(memory)
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # one live hypothesis (<s>) per sentence at the start
+    tokens = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (B*k, t)
+    limits = limits.tolist()
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    step = 0
+    while not all(done):
+        step += 1
+        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (B*k, V)
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        vocab = log_probs.size(-1)
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
+        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (B, 2k)
+        origins, words = top_ids // vocab, top_ids % vocab
+        new_scores = torch.full((batch, k), float("-inf"), device=device)
+        new_origins = torch.zeros((batch, k), dtype=torch.long, device=device)
+        new_words = torch.full((batch, k), PAD_ID, dtype=torch.long, device=device)
+        for b, (row_scores, row_origins, row_words) in enumerate(
+            zip(top_scores.tolist(), origins.tolist(), words.tolist())
+        ):
+            if done[b]:
+                continue
+            at_limit = step >= limits[b]
+            alive = 0
+            for rank, (score, origin, word) in enumerate(zip(row_scores, row_origins, row_words)):
+                if score == float("-inf") or alive == k:
+                    break
+                if word == EOS_ID or at_limit:
+                    if rank < k:  # </s> further down the ranking would never be chosen
+                        prefix = tokens[b * k + origin, 1:].tolist()
+                        body = prefix if word == EOS_ID else [*prefix, word]
+                        finished[b].append(Hypothesis(body, score / length_penalty(step, alpha)))
+                    continue
+                new_scores[b, alive], new_origins[b, alive], new_words[b, alive] = (
+                    score,
+                    origin,
+                    word,
+                )
+                alive += 1
+            done[b] = at_limit or len(finished[b]) >= k
+        if all(done):
+            break
+        select = (torch.arange(batch, device=device)[:, None] * k + new_origins).view(-1)
+        cache = [c.select(select) for c in cache]
+        tokens = torch.cat([tokens[select], new_words.view(-1, 1)], dim=1)
+        scores = new_scores
+    return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]

@@ -7,6 +7,7 @@ Masks are boolean and broadcast over heads: True means "may attend". They are bu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +21,10 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (tokens != pad_id)[:, None, None, :]
 
 
-def causal_mask(length: int, device: torch.device) -> torch.Tensor:
-    """(1, 1, L, L) mask that lets position i attend to positions <= i only."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+def causal_mask(length: int, device: torch.device, past: int = 0) -> torch.Tensor:
+    """(1, 1, L, past + L) mask that lets new position i attend to positions <= past + i only."""
+    ones = torch.ones(length, past + length, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=past)[None, None]
 
 
 class PositionalEncoding(nn.Module):
@@ -37,8 +39,8 @@ class PositionalEncoding(nn.Module):
         pe[:, 1::2] = torch.cos(position * inv_freq)
         self.register_buffer("pe", pe, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.pe[: x.size(1)]
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x + self.pe[offset : offset + x.size(1)]
 
 
 class Embeddings(nn.Module):
@@ -52,9 +54,9 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(d_model)
         nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        # (B, L) -> (B, L, d_model)
-        return self.dropout(self.positions(self.tokens(tokens) * self.scale))
+    def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        # (B, L) ids at positions offset.. -> (B, L, d_model)
+        return self.dropout(self.positions(self.tokens(tokens) * self.scale, offset))
 
 
 class MultiHeadAttention(nn.Module):
@@ -71,15 +73,24 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = x.shape  # (B, L, d_model) -> (B, n_heads, L, d_head)
         return x.view(b, length, self.n_heads, self.d_head).transpose(1, 2)
 
-    def forward(
-        self, query: torch.Tensor, key_value: torch.Tensor, mask: torch.Tensor
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, Tk, d_model) -> keys and values, each (B, n_heads, Tk, d_head)."""
+        k, v = self.kv_proj(x).chunk(2, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def attend(
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        # query (B, Tq, d_model), key_value (B, Tk, d_model), mask broadcastable to (B, h, Tq, Tk)
+        """query (B, Tq, d_model) over projected keys/values; mask broadcasts to (B, h, Tq, Tk)."""
         q = self._split_heads(self.q_proj(query))
-        k, v = (self._split_heads(x) for x in self.kv_proj(key_value).chunk(2, dim=-1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, Tq, d_head)
         b, _, tq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, tq, -1))
+
+    def forward(
+        self, query: torch.Tensor, key_value: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        return self.attend(query, *self.keys_values(key_value), mask)
 
 
 class FeedForward(nn.Module):
@@ -87,10 +98,11 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        return self.linear2(F.relu(self.linear1(x)))  # (B, L, d_model) via (B, L, d_ff)
 
 
 class Residual(nn.Module):
@@ -126,6 +138,38 @@ class EncoderLayer(nn.Module):
         return self.residuals[1](x, self.feed_forward)
 
 
+@dataclass
+class LayerCache:
+    """One decoder layer's keys and values: cross-attention's, computed once from the encoder
+    output, and self-attention's for every position decoded so far."""
+
+    cross_k: torch.Tensor  # (B, h, S, d_head)
+    cross_v: torch.Tensor
+    self_k: torch.Tensor | None = None  # (B, h, t, d_head)
+    self_v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.self_k is None else self.self_k.size(2)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append new positions' keys and values (B, h, T, d_head)."""
+        if self.self_k is None:
+            self.self_k, self.self_v = k, v
+        else:
+            self.self_k = torch.cat([self.self_k, k], dim=2)
+            self.self_v = torch.cat([self.self_v, v], dim=2)
+
+    def select(self, rows: torch.Tensor) -> LayerCache:
+        """Keep (or reorder, or repeat) batch rows, e.g. to drop finished sentences."""
+        return LayerCache(
+            *(
+                t if t is None else t.index_select(0, rows)
+                for t in (self.cross_k, self.cross_v, self.self_k, self.self_v)
+            )
+        )
+
+
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to the encoder output, then feed-forward."""
 
@@ -140,13 +184,20 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        memory: torch.Tensor,
         src_mask: torch.Tensor,
         tgt_mask: torch.Tensor,
+        cache: LayerCache,
     ) -> torch.Tensor:
-        x = self.residuals[0](x, lambda y: self.self_attn(y, y, tgt_mask))
+        def self_attention(y):
+            # The new positions' keys and values join those of earlier positions in the cache.
+            cache.extend(*self.self_attn.keys_values(y))
+            return self.self_attn.attend(y, cache.self_k, cache.self_v, tgt_mask)
+
+        x = self.residuals[0](x, self_attention)
         # Queries come from the decoder, keys and values from the encoder output.
-        x = self.residuals[1](x, lambda y: self.cross_attn(y, memory, src_mask))
+        x = self.residuals[1](
+            x, lambda y: self.cross_attn.attend(y, cache.cross_k, cache.cross_v, src_mask)
+        )
         return self.residuals[2](x, self.feed_forward)
 
 
@@ -175,12 +226,12 @@ class Decoder(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        memory: torch.Tensor,
         src_mask: torch.Tensor,
         tgt_mask: torch.Tensor,
+        cache: list[LayerCache],
     ) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x = layer(x, src_mask, tgt_mask, layer_cache)
         return self.norm(x)
 
 
@@ -211,12 +262,29 @@ class Transformer(nn.Module):
         src_mask = padding_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), src_mask), src_mask
 
+    def start_cache(self, memory: torch.Tensor) -> list[LayerCache]:
+        """An empty decoder cache holding each layer's cross-attention keys and values."""
+        return [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder.layers]
+
     def decode(
-        self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: list[LayerCache] | None = None,
     ) -> torch.Tensor:
-        """(B, T) decoder input ids -> (B, T, tgt_vocab) logits for the next token."""
-        tgt_mask = padding_mask(tgt_in, self.pad_id) & causal_mask(tgt_in.size(1), tgt_in.device)
-        x = self.decoder(self.tgt_embed(tgt_in), memory, src_mask, tgt_mask)
+        """(B, T) decoder input ids -> (B, T, tgt_vocab) logits for the next token.
+
+        With a cache (from `start_cache`), `tgt_in` continues the tokens decoded so far, and
+        the cache grows by T positions; those earlier tokens must not be padding.
+        """
+        if cache is None:
+            cache, past = self.start_cache(memory), 0
+            tgt_mask = padding_mask(tgt_in, self.pad_id)
+        else:
+            past, tgt_mask = cache[0].length, True
+        tgt_mask = tgt_mask & causal_mask(tgt_in.size(1), tgt_in.device, past)
+        x = self.decoder(self.tgt_embed(tgt_in, offset=past), src_mask, tgt_mask, cache)
         return self.output_projection(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

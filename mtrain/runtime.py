@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import random
+import sys
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -21,11 +23,31 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # seeds CUDA too
 
 
-def setup_precision(device: torch.device) -> None:
-    """Allow TF32 matrix multiplies on GPUs that have them; a no-op on the CPU."""
+def configure(device: torch.device) -> None:
+    """Allow TF32 matrix multiplies on CUDA; on the CPU, keep freed memory for reuse."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    else:
+        _keep_freed_memory()
+
+
+def _keep_freed_memory() -> None:
+    """Stop glibc from returning large freed blocks to the kernel.
+
+    By default every tensor over a few MB is a fresh mmap, so each training step faults in and
+    zeroes its activations again: measured at 110k page faults/s and half the CPU time in the
+    kernel. Serving all sizes from the heap, and never trimming it, removes that.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return
+    m_trim_threshold, m_mmap_max = -1, -4
+    libc.mallopt(m_mmap_max, 0)
+    libc.mallopt(m_trim_threshold, 1 << 30)
 
 
 def autocast(device: torch.device) -> AbstractContextManager:
@@ -39,3 +61,14 @@ def autocast(device: torch.device) -> AbstractContextManager:
 def needs_grad_scaler(device: torch.device) -> bool:
     """fp16 autocast needs loss scaling; bf16 and fp32 do not."""
     return device.type == "cuda" and not torch.cuda.is_bf16_supported()
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of every Linear layer, for faster CPU inference."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch announces a future move of this API to torchao
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,10 +26,10 @@ from mtrain.data import (
     group_references,
     read_parallel,
 )
-from mtrain.decode import translate
 from mtrain.evaluate import score
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID, Tokenizer
+from mtrain.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,13 @@ class Trainer:
         self.start = time.monotonic()
         tcfg, dcfg = cfg.train, cfg.data
         runtime.set_seed(tcfg.seed)
-        runtime.setup_precision(device)
+        runtime.configure(device)
 
         train_pairs = read_parallel(Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang)
         dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang)
-        if not train_pairs:
-            raise DataError(f"{dcfg.train}: no sentence pairs")
-        if not dev_pairs:
-            raise DataError(f"{dcfg.dev}: no sentence pairs")
+        for path, pairs in ((dcfg.train, train_pairs), (dcfg.dev, dev_pairs)):
+            if not any(s and t for s, t in pairs):
+                raise DataError(f"{path}: no sentence pairs with both sides non-empty")
         log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
         self.tokenizer = Tokenizer.train(
             [s for s, _ in train_pairs],
@@ -140,7 +140,9 @@ class Trainer:
             n = batch.n_target_tokens
             total += loss_fn(logits, batch.tgt_out, 0.0).item() * n
             tokens += n
-        hyps = translate(self.model, self.tokenizer, self.cfg, self.dev_sources, self.device)
+        greedy = dataclasses.replace(self.cfg.decode, beam_size=1)
+        translator = Translator(self.model, self.tokenizer, self.cfg, self.device, greedy)
+        hyps = translator.translate(self.dev_sources)
         scores = score(hyps, self.dev_refs, self.cfg.data.tgt_lang)
         return Validation(self.step, self.minutes(), total / tokens, scores.bleu, scores.chrf)
 

@@ -142,3 +142,19 @@ def test_help_lists_every_command():
     assert result.returncode == 0
     for command in ("train", "translate", "eval"):
         assert command in result.stdout
+
+
+def test_train_rejects_a_corpus_with_no_usable_pairs(tmp_path):
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("\t\n", encoding="utf-8")
+    result = mtrain(
+        "train",
+        "--config",
+        "configs/tiny.yaml",
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        f"data.train={empty}",
+    )
+    assert result.returncode == 2
+    assert f"{empty}: no sentence pairs with both sides non-empty" in result.stderr

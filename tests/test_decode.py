@@ -1,22 +1,40 @@
+import pytest
 import torch
 
 from mtrain.config import ModelConfig
-from mtrain.decode import greedy, length_limits
+from mtrain.decode import beam_search, greedy, length_limits, length_penalty
 from mtrain.model import Transformer
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+VOCAB = 20
 
-def model_that_copies(steps=300) -> Transformer:
-    """Train a small model to copy its source: greedy decoding must then reproduce it."""
+
+def random_model(seed=0, norm="pre") -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=64,
+        dropout=0.0,
+        norm=norm,
+    )
+    return Transformer(cfg, VOCAB, VOCAB, max_len=32, pad_id=PAD_ID).eval()
+
+
+@pytest.fixture(scope="module")
+def copy_model() -> Transformer:
+    """A small model trained to copy its source: decoding must then reproduce the source."""
     torch.manual_seed(0)
     cfg = ModelConfig(
         d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=128, dropout=0.0
     )
-    model = Transformer(cfg, 20, 20, max_len=16, pad_id=PAD_ID)
+    model = Transformer(cfg, VOCAB, VOCAB, max_len=16, pad_id=PAD_ID)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        body = torch.randint(4, 20, (32, 5), generator=g)
+    for _ in range(300):
+        body = torch.randint(4, VOCAB, (32, 5), generator=g)
         src = torch.cat([body, torch.full((32, 1), EOS_ID)], 1)
         tgt_in = torch.cat([torch.full((32, 1), BOS_ID), body], 1)
         loss = torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), src.flatten())
@@ -26,21 +44,112 @@ def model_that_copies(steps=300) -> Transformer:
     return model.eval()
 
 
-def test_greedy_copies_and_stops_at_eos():
-    model = model_that_copies()
+def sources():
+    """A batch of mixed lengths: the second and third sentences are padded."""
+    return torch.tensor(
+        [
+            [5, 9, 12, 7, 19, 8, 11, EOS_ID],
+            [6, 6, 8, EOS_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID],
+            [13, 4, 17, 10, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
+        ]
+    )
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_cached_logits_equal_full_recomputation_at_every_step(norm):
+    model = random_model(norm=norm)
+    src = sources()
+    tgt_in = torch.cat(
+        [
+            torch.full((3, 1), BOS_ID),
+            torch.randint(4, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3)),
+        ],
+        dim=1,
+    )
+    memory, src_mask = model.encode(src)
+    full = model.decode(tgt_in, memory, src_mask)  # (B, T, V)
+    cache = model.start_cache(memory)
+    for t in range(tgt_in.size(1)):
+        step = model.decode(tgt_in[:, t : t + 1], memory, src_mask, cache)
+        torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    assert cache[0].length == tgt_in.size(1)
+
+
+def test_greedy_with_and_without_cache_agree():
+    model = random_model(seed=1)
+    limits = torch.tensor([12, 12, 12])
+    assert greedy(model, sources(), limits) == greedy(model, sources(), limits, use_cache=False)
+
+
+def test_greedy_copies_and_stops_at_eos(copy_model):
     src = torch.tensor([[5, 9, 12, 7, 19, EOS_ID], [6, 6, 8, 4, 11, EOS_ID]])
-    out = greedy(model, src, torch.tensor([10, 10]))
-    assert out == [[5, 9, 12, 7, 19], [6, 6, 8, 4, 11]]
+    assert greedy(copy_model, src, torch.tensor([10, 10])) == [[5, 9, 12, 7, 19], [6, 6, 8, 4, 11]]
+
+
+def test_a_sentence_decodes_the_same_alone_or_in_a_batch():
+    model = random_model(seed=2)
+    src = sources()
+    limits = length_limits(src, 1.5, 3, cap=30)
+    batched = greedy(model, src, limits)
+    beamed = beam_search(model, src, limits, beam_size=3, alpha=0.6, nbest=3)
+    for i in range(3):
+        alone = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
+        assert greedy(model, alone, limits[i : i + 1]) == [batched[i]]
+        alone_beam = beam_search(model, alone, limits[i : i + 1], 3, 0.6, nbest=3)[0]
+        assert [h.tokens for h in alone_beam] == [h.tokens for h in beamed[i]]
+        for a, b in zip(alone_beam, beamed[i]):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
 def test_length_limit_is_respected():
-    model = model_that_copies(steps=1)
-    src = torch.tensor([[5, 9, EOS_ID, PAD_ID], [6, 6, 8, EOS_ID]])
-    out = greedy(model, src, torch.tensor([2, 4]))
-    assert len(out[0]) <= 2 and len(out[1]) <= 4
+    model = random_model(seed=3)
+    src = sources()
+    limits = torch.tensor([2, 4, 1])
+    for out, limit in zip(greedy(model, src, limits), limits.tolist()):
+        assert len(out) <= limit
+    for hyps, limit in zip(beam_search(model, src, limits, 4, 0.6, nbest=4), limits.tolist()):
+        assert hyps and all(len(h.tokens) <= limit for h in hyps)
 
 
 def test_length_limits():
     src = torch.tensor([[5, 9, EOS_ID, PAD_ID], [6, 6, 8, EOS_ID]])
-    assert length_limits(src, 2.0, cap=15).tolist() == [15, 15]
-    assert length_limits(src, 1.0, cap=100).tolist() == [13, 14]
+    assert length_limits(src, 2.0, 10, cap=15).tolist() == [15, 15]
+    assert length_limits(src, 1.0, 10, cap=100).tolist() == [13, 14]
+    assert length_limits(src, 1.5, 0, cap=100).tolist() == [5, 6]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_of_one_is_greedy(seed):
+    model = random_model(seed=seed)
+    src = sources()
+    limits = torch.tensor([10, 6, 8])
+    beam = beam_search(model, src, limits, beam_size=1, alpha=0.6)
+    assert [h[0].tokens for h in beam] == greedy(model, src, limits)
+
+
+def test_nbest_is_sorted_and_distinct_and_scores_are_length_normalised():
+    model = random_model(seed=4)
+    src = sources()
+    for hyps in beam_search(model, src, torch.tensor([8, 8, 8]), 5, 1.0, nbest=5):
+        assert len(hyps) == 5
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5
+
+
+def test_beam_search_finds_the_copy(copy_model):
+    src = torch.tensor([[5, 9, 12, 7, 19, EOS_ID], [6, 6, 8, 4, 11, EOS_ID]])
+    best = beam_search(copy_model, src, torch.tensor([10, 10]), beam_size=4, alpha=0.6)
+    assert [h[0].tokens for h in best] == [[5, 9, 12, 7, 19], [6, 6, 8, 4, 11]]
+
+
+def test_beam_scores_are_log_probabilities(copy_model):
+    """A finished hypothesis' score is the sum of its tokens' log-probabilities / penalty."""
+    src = torch.tensor([[5, 9, 12, EOS_ID]])
+    (hyp,) = beam_search(copy_model, src, torch.tensor([10]), beam_size=2, alpha=0.6)[0][:1]
+    memory, src_mask = copy_model.encode(src)
+    tgt_in = torch.tensor([[BOS_ID, *hyp.tokens]])
+    tgt_out = torch.tensor([[*hyp.tokens, EOS_ID]])
+    log_probs = torch.log_softmax(copy_model.decode(tgt_in, memory, src_mask), -1)
+    total = log_probs.gather(-1, tgt_out[..., None]).sum().item()
+    assert hyp.score == pytest.approx(total / length_penalty(len(hyp.tokens) + 1, 0.6), abs=1e-4)

@@ -1,0 +1,99 @@
+"""Text in, text out: normalise, encode, batch by length, search, detokenise, keep input order."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mtrain.config import Config, DecodeConfig
+from mtrain.data import pad, source_ids
+from mtrain.decode import Hypothesis, beam_search, greedy, length_limits
+from mtrain.model import Transformer
+from mtrain.text import normalize
+from mtrain.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float | None  # None for greedy search
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut into batches of at most `batch_tokens` padded tokens."""
+    batches, current, longest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        longest = max(longest, lengths[i])
+        if current and (len(current) + 1) * longest > batch_tokens:
+            batches.append(current)
+            current, longest = [], lengths[i]
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Translator:
+    """Translates sentences with a trained model; output never depends on how input is batched."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        cfg: Config,
+        device: torch.device,
+        decode: DecodeConfig | None = None,
+        nbest: int = 1,
+        use_cache: bool = True,  # False re-runs the decoder over the whole prefix each step
+    ):
+        self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, cfg, device
+        self.decode = decode or cfg.decode
+        self.nbest, self.use_cache = nbest, use_cache
+
+    def _search(self, src: torch.Tensor) -> list[list[Hypothesis]]:
+        d = self.decode
+        limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+        if d.beam_size == 1 and self.nbest == 1:
+            out = greedy(self.model, src, limits, self.use_cache)
+            return [[Hypothesis(tokens, 0.0)] for tokens in out]
+        return beam_search(self.model, src, limits, d.beam_size, d.alpha, self.nbest)
+
+    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
+        """Translate a list of sentences; each gets up to `nbest` translations, best first."""
+        self.model.eval()
+        max_src_len = self.cfg.data.max_src_len
+        sources = [normalize(t, self.cfg.data.src_lang) for t in texts]
+        todo = [i for i, s in enumerate(sources) if s]  # empty lines translate to empty lines
+        ids = self.tokenizer.encode_src([sources[i] for i in todo])
+        too_long = sum(len(x) >= max_src_len for x in ids)
+        if too_long:
+            log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
+        ids = [source_ids(x, max_src_len) for x in ids]
+        results = [[Translation("", None)] for _ in texts]
+        batch_tokens = max(self.decode.batch_tokens // self.decode.beam_size, 1)
+        for batch in length_batches([len(x) for x in ids], batch_tokens):
+            src = pad([ids[j] for j in batch]).to(self.device)
+            for j, hyps in zip(batch, self._search(src)):
+                texts_out = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+                greedy_only = self.decode.beam_size == 1 and self.nbest == 1
+                results[todo[j]] = [
+                    Translation(t, None if greedy_only else h.score)
+                    for t, h in zip(texts_out, hyps)
+                ]
+        return results
+
+    def translate(self, texts: list[str]) -> list[str]:
+        """Translate a list of sentences to their best translations, in input order."""
+        return [nbest[0].text for nbest in self.translate_nbest(texts)]
+
+    def stream(self, lines: Iterable[str], chunk_lines: int = 2000) -> Iterator[list[Translation]]:
+        """Translate lines in chunks, so memory stays bounded however long the input is."""
+        it = iter(lines)
+        while chunk := list(itertools.islice(it, chunk_lines)):
+            yield from self.translate_nbest(chunk)
