@@ -27,7 +27,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy(
     model: Transformer, src: torch.Tensor, limits: torch.Tensor, use_cache: bool = True
 ) -> list[list[int]]:
@@ -64,7 +64,7 @@ def greedy(
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model: Transformer,
     src: torch.Tensor,

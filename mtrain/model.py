@@ -185,7 +185,7 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         src_mask: torch.Tensor,
-        tgt_mask: torch.Tensor,
+        tgt_mask: torch.Tensor | None,
         cache: LayerCache,
     ) -> torch.Tensor:
         def self_attention(y):
@@ -227,7 +227,7 @@ class Decoder(nn.Module):
         self,
         x: torch.Tensor,
         src_mask: torch.Tensor,
-        tgt_mask: torch.Tensor,
+        tgt_mask: torch.Tensor | None,
         cache: list[LayerCache],
     ) -> torch.Tensor:
         for layer, layer_cache in zip(self.layers, cache, strict=True):
@@ -278,12 +278,14 @@ class Transformer(nn.Module):
         With a cache (from `start_cache`), `tgt_in` continues the tokens decoded so far, and
         the cache grows by T positions; those earlier tokens must not be padding.
         """
+        length = tgt_in.size(1)
         if cache is None:
             cache, past = self.start_cache(memory), 0
-            tgt_mask = padding_mask(tgt_in, self.pad_id)
+            tgt_mask = padding_mask(tgt_in, self.pad_id) & causal_mask(length, tgt_in.device)
         else:
-            past, tgt_mask = cache[0].length, True
-        tgt_mask = tgt_mask & causal_mask(tgt_in.size(1), tgt_in.device, past)
+            past = cache[0].length
+            # One new position may attend to everything before it: no mask needed.
+            tgt_mask = causal_mask(length, tgt_in.device, past) if length > 1 else None
         x = self.decoder(self.tgt_embed(tgt_in, offset=past), src_mask, tgt_mask, cache)
         return self.output_projection(x)
 

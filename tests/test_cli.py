@@ -158,3 +158,56 @@ def test_train_rejects_a_corpus_with_no_usable_pairs(tmp_path):
     )
     assert result.returncode == 2
     assert f"{empty}: no sentence pairs with both sides non-empty" in result.stderr
+
+
+def test_translate_file_stdin_and_arguments_agree(run_dir, tmp_path):
+    sentences = ["我是谁", "", "今天是星期二", "我們試試看！", "他不会说英语。"]
+    src, out = tmp_path / "in.zh", tmp_path / "out.en"
+    src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    from_file = mtrain("translate", "--run", str(run_dir), "--input", str(src), "-o", str(out))
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == ""
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 5 and lines[1] == ""
+    piped = mtrain("translate", "--run", str(run_dir), input=src.read_text(encoding="utf-8"))
+    assert piped.stdout.splitlines() == lines
+    args = mtrain("translate", "--run", str(run_dir), *[s for s in sentences if s])
+    assert args.stdout.splitlines() == [line for i, line in enumerate(lines) if i != 1]
+
+
+def test_beam_and_nbest_output(run_dir):
+    result = mtrain(
+        "translate",
+        "--run",
+        str(run_dir),
+        "--beam",
+        "4",
+        "--nbest",
+        "3",
+        input="我是谁\n今天是星期二\n",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1]
+    for sentence in (rows[:3], rows[3:]):
+        scores = [float(r[2]) for r in sentence]
+        assert scores == sorted(scores, reverse=True)
+    one = mtrain("translate", "--run", str(run_dir), "--beam", "1", "我是谁")
+    greedy = mtrain("translate", "--run", str(run_dir), "我是谁")
+    assert one.stdout == greedy.stdout
+    bad = mtrain("translate", "--run", str(run_dir), "--nbest", "3", "我是谁")
+    assert bad.returncode == 2 and "--nbest 3 needs --beam 3 or more" in bad.stderr
+
+
+def test_int8_quantization_translates(run_dir):
+    result = mtrain("translate", "--run", str(run_dir), "--quantize", "int8", "我是谁")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+
+
+def test_translate_rejects_invalid_utf8(run_dir, tmp_path):
+    bad = tmp_path / "bad.zh"
+    bad.write_bytes(b"\xff\xfe\xfa\n")
+    result = mtrain("translate", "--run", str(run_dir), "--input", str(bad))
+    assert result.returncode == 2 and "not valid UTF-8" in result.stderr
+    assert "Traceback" not in result.stderr
