@@ -77,6 +77,25 @@ def resolve_run(run: Path | None) -> Path:
     return run
 
 
+RESUMABLE_KEYS = {"max_steps", "max_minutes"}  # train.* keys a resumed run may change
+
+
+def check_resumable(run_dir: Path, cfg: Config) -> None:
+    """Refuse to resume a run with a config other than its own (but for its limits)."""
+    try:
+        saved = config.load(run_dir / checkpoint.CONFIG_FILE).to_dict()
+    except ConfigError as e:
+        fail(str(e))
+    new = cfg.to_dict()
+    for section, values in new.items():
+        for key, value in values.items():
+            if saved[section][key] != value and not (section == "train" and key in RESUMABLE_KEYS):
+                fail(
+                    f"{run_dir} was trained with {section}.{key}={saved[section][key]!r}, not "
+                    f"{value!r}; use the run's own config or another --out"
+                )
+
+
 @app.command()
 def train(
     config_path: Annotated[
@@ -90,32 +109,48 @@ def train(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Run directory to create. Default: runs/<config name>-<date-time>."),
+        typer.Option(
+            help="Run directory. Default: runs/<config name>-<date-time>. If it holds a "
+            "checkpoint, training resumes from it: re-running the same command continues an "
+            "interrupted run exactly (train.max_steps and train.max_minutes may be raised)."
+        ),
     ] = None,
     device: DeviceOption = "auto",
 ) -> None:
-    """Train a model; writes config, tokenizers, checkpoints and metrics into a run directory."""
-    from mtrain.train import Trainer  # keeps `translate` start-up free of training imports
+    """Train a model; writes config, tokenizers, checkpoints and metrics into a run directory.
+
+    Ctrl-C (or SIGTERM) saves a checkpoint after the current step and exits with status 130;
+    a second Ctrl-C exits at once.
+    """
+    from mtrain.train import Interrupted, NonFiniteLoss, Trainer  # keeps `translate` light
 
     setup_logging()
     try:
         cfg = config.load(config_path, overrides or [])
         run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-        if (run_dir / checkpoint.LAST).exists():
-            fail(f"{run_dir}: already holds a run; choose another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
         for key in ("train", "dev", "test"):
             path = Path(getattr(cfg.data, key))
             if not path.is_file():
                 fail(f"{config_path}: data.{key}: no such file {path}")
             setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
+        resume = (run_dir / checkpoint.LAST).exists()
+        if resume:
+            check_resumable(run_dir, cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.write_config(run_dir, cfg)
         log.info("run directory %s", run_dir)
-        best = Trainer(cfg, run_dir, runtime.pick_device(device)).run()
-    except (ConfigError, DataError) as e:
+        trainer = Trainer(cfg, run_dir, runtime.pick_device(device), resume=resume)
+        best = trainer.run()
+    except (ConfigError, DataError, CheckpointError, NonFiniteLoss) as e:
         fail(str(e))
+    except Interrupted as e:
+        typer.echo(
+            f"mtrain: {e}; checkpoint saved in {run_dir}; run the same command to resume",
+            err=True,
+        )
+        raise typer.Exit(130) from None
     except KeyboardInterrupt:
-        typer.echo("mtrain: interrupted; checkpoints written so far are kept", err=True)
+        typer.echo(f"mtrain: stopped; the last checkpoint in {run_dir} is intact", err=True)
         raise typer.Exit(130) from None
     log.info("best dev BLEU %.2f", best)
     typer.echo(str(run_dir))

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from mtrain.data import (
     epoch_batches,
     group_references,
     read_parallel,
+    token_batches,
 )
 from mtrain.evaluate import score
 from mtrain.model import Transformer
@@ -32,6 +34,19 @@ from mtrain.tokenizer import PAD_ID, Tokenizer
 from mtrain.translate import Translator
 
 log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite; the message names the step."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
+
+    def __init__(self, step: int):
+        super().__init__(f"interrupted at step {step}")
+        self.step = step
 
 
 def lr_factor(step: int, warmup_steps: int) -> float:
@@ -64,7 +79,7 @@ class Validation:
 class Trainer:
     """Trains one run into its directory; knows the model only through forward/encode/decode."""
 
-    def __init__(self, cfg: Config, run_dir: Path, device: torch.device):
+    def __init__(self, cfg: Config, run_dir: Path, device: torch.device, resume: bool = False):
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
         self.start = time.monotonic()
         tcfg, dcfg = cfg.train, cfg.data
@@ -77,15 +92,18 @@ class Trainer:
             if not any(s and t for s, t in pairs):
                 raise DataError(f"{path}: no sentence pairs with both sides non-empty")
         log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
-        self.tokenizer = Tokenizer.train(
-            [s for s, _ in train_pairs],
-            [t for _, t in train_pairs],
-            cfg.tokenizer,
-            dcfg.src_lang,
-            dcfg.tgt_lang,
-            run_dir,
-            tcfg.seed,
-        )
+        if resume:
+            self.tokenizer = Tokenizer.load(run_dir)
+        else:
+            self.tokenizer = Tokenizer.train(
+                [s for s, _ in train_pairs],
+                [t for _, t in train_pairs],
+                cfg.tokenizer,
+                dcfg.src_lang,
+                dcfg.tgt_lang,
+                run_dir,
+                tcfg.seed,
+            )
         self.train_examples = encode_pairs(
             self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )
@@ -104,12 +122,33 @@ class Trainer:
             self.optimizer, lambda step: lr_factor(step, tcfg.warmup_steps)
         )
         self.scaler = torch.amp.GradScaler(enabled=runtime.needs_grad_scaler(device))
-        self.rng = random.Random(tcfg.seed)
+        self.rng = random.Random(tcfg.seed)  # the batch sampler's generator
         self.step = 0
         self.best_bleu = -1.0
+        self.epoch, self.batches_done = 0, 0  # position: batches of this epoch already trained
+        self.epoch_rng_state = None  # sampler state that this epoch's batch order came from
+        self.minutes_before = 0.0  # training time spent before a resume
+        self.stop_requested = False
+        if resume:
+            self.restore(checkpoint.load(run_dir / checkpoint.LAST))
+            log.info("resuming %s at step %d", run_dir, self.step)
 
     def minutes(self) -> float:
-        return (time.monotonic() - self.start) / 60
+        return self.minutes_before + (time.monotonic() - self.start) / 60
+
+    def batches(self):
+        """Yield training batches forever, epoch after epoch, from the saved position on."""
+        while True:
+            if self.epoch_rng_state is None:
+                self.epoch_rng_state = self.rng.getstate()
+            else:  # resuming inside an epoch: rebuild its batch order exactly
+                self.rng.setstate(self.epoch_rng_state)
+            order = token_batches(self.train_examples, self.cfg.train.batch_tokens, self.rng)
+            while self.batches_done < len(order):
+                indices = order[self.batches_done]
+                self.batches_done += 1
+                yield Batch.collate([self.train_examples[i] for i in indices])
+            self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
 
     def train_step(self, batch: Batch) -> float:
         self.model.train()
@@ -117,6 +156,11 @@ class Trainer:
         with runtime.autocast(self.device):
             logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
         loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing)
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(
+                f"step {self.step + 1}: the loss is {loss.item()}; training stopped, "
+                "the last checkpoint written before it is kept"
+            )
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
@@ -146,17 +190,48 @@ class Trainer:
         scores = score(hyps, self.dev_refs, self.cfg.data.tgt_lang)
         return Validation(self.step, self.minutes(), total / tokens, scores.bleu, scores.chrf)
 
+    def state(self) -> dict:
+        """Everything a resumed run needs to continue exactly where this one is."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "epoch_rng_state": self.epoch_rng_state,
+            "python_rng_state": random.getstate(),
+            "torch_rng_state": torch.get_rng_state(),
+            "cuda_rng_states": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "best_bleu": self.best_bleu,
+            "minutes": self.minutes(),
+        }
+
+    def restore(self, state: dict) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.step, self.epoch = state["step"], state["epoch"]
+            self.batches_done, self.epoch_rng_state = (
+                state["batches_done"],
+                state["epoch_rng_state"],
+            )
+            random.setstate(state["python_rng_state"])
+            torch.set_rng_state(state["torch_rng_state"])
+            if state["cuda_rng_states"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda_rng_states"])
+            self.best_bleu, self.minutes_before = state["best_bleu"], state["minutes"]
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            reason = " ".join(str(e).split())[:200]
+            raise checkpoint.CheckpointError(
+                f"{self.run_dir / checkpoint.LAST}: cannot resume from it ({reason})"
+            ) from None
+
     def save(self, name: str) -> None:
-        checkpoint.save(
-            self.run_dir / name,
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-                "best_bleu": self.best_bleu,
-            },
-        )
+        checkpoint.save(self.run_dir / name, self.state())
 
     def checkpoint_and_log(self, val: Validation, metrics_file) -> None:
         improved = val.dev_bleu > self.best_bleu
@@ -177,20 +252,34 @@ class Trainer:
             "  (best)" if improved else "",
         )
 
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_requested:  # second Ctrl-C: stop at once; checkpoints are written atomically
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        log.warning(
+            "%s: saving a checkpoint after this step (again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
     def run(self) -> float:
-        """Train until max_steps or the time budget; return the best dev BLEU."""
+        """Train until max_steps or the time budget; return the best dev BLEU.
+
+        SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
+        """
         tcfg = self.cfg.train
         budget = tcfg.max_minutes or math.inf
         reserve = 0.0  # minutes the last validation took: keep room for a final one
         window_tokens, window_start = 0, time.monotonic()
         # Under a time budget the step count is unknown: show no misleading ETA.
         total = None if tcfg.max_minutes else tcfg.max_steps
-        bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         metrics_path = self.run_dir / checkpoint.METRICS
-        with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
-            stop = False
-            while not stop:
-                for batch in epoch_batches(self.train_examples, tcfg.batch_tokens, self.rng):
+        handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        try:
+            with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
+                for batch in self.batches():
+                    if self.step >= tcfg.max_steps:
+                        break
                     loss = self.train_step(batch)
                     window_tokens += batch.n_tokens
                     bar.update(1)
@@ -202,6 +291,9 @@ class Trainer:
                             tok_s=f"{window_tokens / (now - window_start):.0f}",
                         )
                         window_tokens, window_start = 0, now
+                    if self.stop_requested:
+                        self.save(checkpoint.LAST)
+                        raise Interrupted(self.step)
                     stop = self.step >= tcfg.max_steps or self.minutes() + reserve >= budget
                     if stop or self.step % tcfg.eval_every == 0:
                         began = self.minutes()
@@ -210,5 +302,8 @@ class Trainer:
                         window_tokens, window_start = 0, time.monotonic()
                     if stop:
                         break
-        bar.close()
+        finally:
+            bar.close()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         return self.best_bleu

@@ -1,0 +1,170 @@
+"""Interrupted training loses nothing and resumes exactly; bad checkpoints are refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtrain import checkpoint, config, train
+from mtrain.checkpoint import CheckpointError
+
+from .synthetic import number_pairs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("corpus")
+    paths = {}
+    for name, n, seed in (("train", 400, 1), ("dev", 20, 2), ("test", 20, 3)):
+        path = root / f"{name}.tsv"
+        path.write_text("".join(f"{zh}\t{en}\n" for zh, en in number_pairs(n, seed)), "utf-8")
+        paths[name] = str(path)
+    return paths
+
+
+def overrides(corpus, **train_keys) -> list[str]:
+    """`--set` values that make configs/tiny.yaml train on the synthetic corpus."""
+    values = [f"data.{k}={v}" for k, v in corpus.items()] + [
+        "tokenizer.vocab_size=300",
+        "tokenizer.character_coverage=1.0",
+        "train.batch_tokens=256",
+        "train.max_minutes=0",
+    ]
+    return values + [f"train.{k}={v}" for k, v in train_keys.items()]
+
+
+def small_config(corpus, **train_keys) -> config.Config:
+    return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus, **train_keys))
+
+
+def mtrain_train(run: Path, settings: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "mtrain", "train", "--config", "configs/tiny.yaml"]
+    return [*command, "--out", str(run), *(f"--set={s}" for s in settings)]
+
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    train.Trainer(
+        small_config(corpus, max_steps=30, eval_every=10), whole, torch.device("cpu")
+    ).run()
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    device = torch.device("cpu")
+    # 400 pairs make about 8 batches: step 13 stops inside the second epoch.
+    train.Trainer(small_config(corpus, max_steps=13, eval_every=10), parts, device).run()
+    assert torch.load(parts / "last.pt", weights_only=True)["batches_done"] > 0
+    resumed = train.Trainer(
+        small_config(corpus, max_steps=30, eval_every=10), parts, device, resume=True
+    )
+    assert resumed.step == 13
+    resumed.run()
+
+    a = checkpoint.load(whole / "last.pt")
+    b = checkpoint.load(parts / "last.pt")
+    assert a["step"] == b["step"] == 30
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert torch.equal(a["torch_rng_state"], b["torch_rng_state"])
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
+    trainer = train.Trainer(
+        small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu")
+    )
+    real_loss = train.loss_fn
+
+    def poisoned(logits, tgt_out, smoothing):
+        loss = real_loss(logits, tgt_out, smoothing)
+        return loss * float("nan") if trainer.step == 7 else loss
+
+    monkeypatch.setattr(train, "loss_fn", poisoned)
+    with pytest.raises(train.NonFiniteLoss, match="step 8: the loss is nan"):
+        trainer.run()
+    saved = checkpoint.load(tmp_path / "last.pt")
+    assert saved["step"] == 5
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+def test_sigint_saves_and_the_same_command_resumes(corpus, tmp_path):
+    run = tmp_path / "run"
+    command = mtrain_train(run, overrides(corpus, max_steps=100000, eval_every=100000))
+    proc = subprocess.Popen(command, cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (run / "config.yaml").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(8)  # tokenizer training and some steps
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted at step" in stderr and "run the same command to resume" in stderr
+    assert "Traceback" not in stderr
+    step = checkpoint.load(run / "last.pt")["step"]
+    assert step > 0
+
+    finish = [*command, f"--set=train.max_steps={step + 5}"]
+    done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"resuming {run} at step {step}" in done.stderr
+    assert checkpoint.load(run / "last.pt")["step"] == step + 5
+
+
+def test_resume_with_another_config_is_refused(corpus, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = small_config(corpus, max_steps=5, eval_every=5)
+    checkpoint.write_config(run, cfg)
+    train.Trainer(cfg, run, torch.device("cpu")).run()
+    settings = [*overrides(corpus, max_steps=5, eval_every=5), "model.d_model=32"]
+    result = subprocess.run(
+        mtrain_train(run, settings), cwd=REPO, capture_output=True, text=True, env=ENV
+    )
+    assert result.returncode == 2
+    assert "was trained with model.d_model=64, not 32" in result.stderr
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+def test_checkpoint_with_pickled_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": Payload()}, path)
+    with pytest.raises(CheckpointError, match=r"evil\.pt: cannot load checkpoint"):
+        checkpoint.load(path)
+
+
+def test_truncated_checkpoint_is_refused(tmp_path):
+    path = tmp_path / "cut.pt"
+    torch.save({"model": {"w": torch.zeros(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(CheckpointError, match=r"cut\.pt: cannot load checkpoint"):
+        checkpoint.load(path)
+
+
+def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.save(path, {"step": 1})
+
+    def broken(state, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(path, {"step": 2})
+    assert checkpoint.load(path)["step"] == 1
