@@ -42,6 +42,15 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot load checkpoint ({first_line})") from None
 
 
+def step_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's step-N.pt checkpoints, oldest first."""
+    return sorted(run_dir.glob("step-*.pt"))
+
+
 def write_config(run_dir: Path, cfg: Config) -> None:
     (run_dir / CONFIG_FILE).write_text(
         yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8"
@@ -70,6 +79,11 @@ def load_run(
         raise CheckpointError(f"{run_dir}: {e}") from None
     state = load(run_dir / which)
     model = build_model(cfg, tokenizer)
+    if state.get("tokenizer") != tokenizer.fingerprint():
+        raise CheckpointError(
+            f"{run_dir / which}: does not match the run's config and tokenizer "
+            "(the SentencePiece models differ from those it was trained with)"
+        )
     try:
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError) as e:

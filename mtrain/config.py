@@ -56,6 +56,8 @@ class TrainConfig:
     max_steps: int = 100_000
     max_minutes: float = 0.0  # wall-clock budget; 0 means none
     eval_every: int = 500  # steps between validations
+    keep_last: int = 2  # step-N.pt checkpoints kept, besides last.pt and best.pt
+    skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
 
 
 @dataclass
@@ -155,8 +157,9 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.decode.alpha < 0 or cfg.decode.max_len_offset < 0:
         raise ConfigError("decode.alpha and decode.max_len_offset must not be negative")
-    if cfg.train.warmup_steps < 0 or cfg.train.max_minutes < 0:
-        raise ConfigError("train.warmup_steps and train.max_minutes must not be negative")
+    for key in ("warmup_steps", "max_minutes", "keep_last"):
+        if getattr(cfg.train, key) < 0:
+            raise ConfigError(f"train.{key}: must not be negative")
     if not 0.9 <= cfg.tokenizer.character_coverage <= 1:
         raise ConfigError("tokenizer.character_coverage: must be in [0.9, 1]")
     if cfg.tokenizer.vocab_size < 300:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -88,6 +89,12 @@ class Tokenizer:
         src = spm.SentencePieceProcessor(model_file=str(run_dir / SRC_MODEL))
         tgt = spm.SentencePieceProcessor(model_file=str(run_dir / TGT_MODEL))
         return cls(src, tgt)
+
+    def fingerprint(self) -> str:
+        """A hash of both models, stored in checkpoints to catch a swapped tokenizer."""
+        digest = hashlib.sha256(self.src.serialized_model_proto())
+        digest.update(self.tgt.serialized_model_proto())
+        return digest.hexdigest()
 
     @property
     def src_vocab_size(self) -> int:

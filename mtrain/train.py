@@ -125,6 +125,7 @@ class Trainer:
         self.rng = random.Random(tcfg.seed)  # the batch sampler's generator
         self.step = 0
         self.best_bleu = -1.0
+        self.skipped = 0  # batches skipped for running out of memory or a non-finite loss
         self.epoch, self.batches_done = 0, 0  # position: batches of this epoch already trained
         self.epoch_rng_state = None  # sampler state that this epoch's batch order came from
         self.minutes_before = 0.0  # training time spent before a resume
@@ -150,19 +151,28 @@ class Trainer:
                 yield Batch.collate([self.train_examples[i] for i in indices])
             self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
 
-    def train_step(self, batch: Batch) -> float:
+    def train_step(self, batch: Batch) -> float | None:
+        """One optimizer update; None when the batch was skipped (out of memory, or NaN loss)."""
         self.model.train()
         batch = batch.to(self.device)
-        with runtime.autocast(self.device):
-            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
-        loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing)
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(
-                f"step {self.step + 1}: the loss is {loss.item()}; training stopped, "
-                "the last checkpoint written before it is kept"
-            )
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        try:
+            with runtime.autocast(self.device):
+                logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+            loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing)
+            if not torch.isfinite(loss):
+                if not self.cfg.train.skip_nonfinite:
+                    raise NonFiniteLoss(
+                        f"step {self.step + 1}: the loss is {loss.item()}; training stopped, "
+                        "the last checkpoint written before it is kept"
+                    )
+                return self._skip(batch, f"loss is {loss.item()}")
+            self.scaler.scale(loss).backward()
+        except torch.cuda.OutOfMemoryError:
+            self.optimizer.zero_grad(set_to_none=True)  # drop partial gradients
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return self._skip(batch, "out of memory")
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_norm)
         self.scaler.step(self.optimizer)
@@ -170,6 +180,19 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         return loss.item()
+
+    def _skip(self, batch: Batch, reason: str) -> None:
+        self.skipped += 1
+        log.warning(
+            "step %d: skipped a batch of %d sentences (source length %d, target length %d): %s; "
+            "%d skipped so far",
+            self.step + 1,
+            batch.src.size(0),
+            batch.src.size(1),
+            batch.tgt_in.size(1),
+            reason,
+            self.skipped,
+        )
 
     @torch.no_grad()
     def validate(self) -> Validation:
@@ -194,6 +217,7 @@ class Trainer:
         """Everything a resumed run needs to continue exactly where this one is."""
         return {
             "model": self.model.state_dict(),
+            "tokenizer": self.tokenizer.fingerprint(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -205,6 +229,7 @@ class Trainer:
             "torch_rng_state": torch.get_rng_state(),
             "cuda_rng_states": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "best_bleu": self.best_bleu,
+            "skipped": self.skipped,
             "minutes": self.minutes(),
         }
 
@@ -224,6 +249,7 @@ class Trainer:
             if state["cuda_rng_states"] and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(state["cuda_rng_states"])
             self.best_bleu, self.minutes_before = state["best_bleu"], state["minutes"]
+            self.skipped = state["skipped"]
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             reason = " ".join(str(e).split())[:200]
             raise checkpoint.CheckpointError(
@@ -239,7 +265,11 @@ class Trainer:
         self.save(checkpoint.LAST)
         if improved:
             self.save(checkpoint.BEST)
-        record = {"event": "validation", **vars(val), "best": improved}
+        if self.cfg.train.keep_last:
+            self.save(checkpoint.step_name(self.step))
+            for old in checkpoint.step_checkpoints(self.run_dir)[: -self.cfg.train.keep_last]:
+                old.unlink()
+        record = {"event": "validation", **vars(val), "best": improved, "skipped": self.skipped}
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
         log.info(
@@ -281,6 +311,8 @@ class Trainer:
                     if self.step >= tcfg.max_steps:
                         break
                     loss = self.train_step(batch)
+                    if loss is None:
+                        continue
                     window_tokens += batch.n_tokens
                     bar.update(1)
                     if self.step % 10 == 0:

@@ -99,7 +99,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     assert all(torch.isfinite(t).all() for t in saved["model"].values())
 
 
-def test_sigint_saves_and_the_same_command_resumes(corpus, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_and_the_same_command_resumes(corpus, tmp_path, sig):
     run = tmp_path / "run"
     command = mtrain_train(run, overrides(corpus, max_steps=100000, eval_every=100000))
     proc = subprocess.Popen(command, cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True)
@@ -107,7 +108,7 @@ def test_sigint_saves_and_the_same_command_resumes(corpus, tmp_path):
     while not (run / "config.yaml").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(8)  # tokenizer training and some steps
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "interrupted at step" in stderr and "run the same command to resume" in stderr
@@ -168,3 +169,65 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         checkpoint.save(path, {"step": 2})
     assert checkpoint.load(path)["step"] == 1
+
+
+def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, monkeypatch):
+    cfg = small_config(corpus, max_steps=10, eval_every=10, skip_nonfinite="true")
+    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
+    real_loss = train.loss_fn
+    calls = []
+
+    def poisoned(logits, tgt_out, smoothing):
+        calls.append(1)
+        loss = real_loss(logits, tgt_out, smoothing)
+        return loss * float("inf") if len(calls) == 4 else loss
+
+    monkeypatch.setattr(train, "loss_fn", poisoned)
+    trainer.run()
+    saved = checkpoint.load(tmp_path / "last.pt")
+    assert saved["step"] == 10 and saved["skipped"] == 1
+    assert '"skipped": 1' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_out_of_memory_batch_is_reported_and_skipped(corpus, tmp_path, monkeypatch, caplog):
+    trainer = train.Trainer(
+        small_config(corpus, max_steps=6, eval_every=6), tmp_path, torch.device("cpu")
+    )
+    real_forward = trainer.model.forward
+    calls = []
+
+    def forward(src, tgt_in):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_forward(src, tgt_in)
+
+    monkeypatch.setattr(trainer.model, "forward", forward)
+    with caplog.at_level("WARNING"):
+        trainer.run()
+    assert trainer.step == 6 and trainer.skipped == 1
+    assert "skipped a batch of" in caplog.text and "out of memory" in caplog.text
+
+
+def test_keeps_the_last_k_step_checkpoints(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=20, eval_every=5, keep_last=2)
+    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    names = [p.name for p in checkpoint.step_checkpoints(tmp_path)]
+    assert names == ["step-00000015.pt", "step-00000020.pt"]
+    assert (tmp_path / "best.pt").exists() and (tmp_path / "last.pt").exists()
+
+
+def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=5, eval_every=5)
+    checkpoint.write_config(tmp_path, cfg)
+    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    other = tmp_path / "other"
+    other.mkdir()
+    from mtrain.tokenizer import Tokenizer
+
+    texts = [f"word{i} other{i * 3}" for i in range(200)]
+    wider = config.TokenizerConfig(vocab_size=300, character_coverage=1.0)  # same size
+    Tokenizer.train(texts, texts, wider, "en", "de", other)
+    (tmp_path / "spm.tgt.model").write_bytes((other / "spm.tgt.model").read_bytes())
+    with pytest.raises(CheckpointError, match="SentencePiece models differ"):
+        checkpoint.load_run(tmp_path, torch.device("cpu"))
