@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ def save(path: Path, state: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def save_copy(src: Path, dst: Path) -> None:
+    """Make `dst` hold what `src` holds now: a hard link (no copy on disk) where possible."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
 
 
 def load(path: Path) -> dict[str, Any]:

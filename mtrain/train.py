@@ -262,11 +262,12 @@ class Trainer:
     def checkpoint_and_log(self, val: Validation, metrics_file) -> None:
         improved = val.dev_bleu > self.best_bleu
         self.best_bleu = max(self.best_bleu, val.dev_bleu)
+        last = self.run_dir / checkpoint.LAST
         self.save(checkpoint.LAST)
         if improved:
-            self.save(checkpoint.BEST)
+            checkpoint.save_copy(last, self.run_dir / checkpoint.BEST)
         if self.cfg.train.keep_last:
-            self.save(checkpoint.step_name(self.step))
+            checkpoint.save_copy(last, self.run_dir / checkpoint.step_name(self.step))
             for old in checkpoint.step_checkpoints(self.run_dir)[: -self.cfg.train.keep_last]:
                 old.unlink()
         record = {"event": "validation", **vars(val), "best": improved, "skipped": self.skipped}

@@ -231,3 +231,11 @@ def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_pat
     (tmp_path / "spm.tgt.model").write_bytes((other / "spm.tgt.model").read_bytes())
     with pytest.raises(CheckpointError, match="SentencePiece models differ"):
         checkpoint.load_run(tmp_path, torch.device("cpu"))
+
+
+def test_checkpoint_copies_survive_the_next_save(tmp_path):
+    last, step = tmp_path / "last.pt", tmp_path / "step-1.pt"
+    checkpoint.save(last, {"step": 1})
+    checkpoint.save_copy(last, step)
+    checkpoint.save(last, {"step": 2})
+    assert checkpoint.load(step)["step"] == 1 and checkpoint.load(last)["step"] == 2
