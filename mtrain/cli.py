@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import logging
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -239,6 +240,9 @@ def translate(
             progress.update(1)
     except UnicodeDecodeError as e:
         fail(f"{input_path or 'stdin'}: not valid UTF-8 ({e.reason})")
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(1) from None
     finally:
         progress.close()
         if output:

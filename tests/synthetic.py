@@ -1,8 +1,14 @@
-"""A tiny synthetic translation task: Chinese digits to English number words."""
+"""Small things to test with: a synthetic translation task and small random models."""
 
 from __future__ import annotations
 
 import random
+
+import torch
+
+from mtrain.config import ModelConfig
+from mtrain.model import Transformer
+from mtrain.tokenizer import PAD_ID
 
 DIGITS_ZH = "零一二三四五六七八九"
 DIGITS_EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -17,3 +23,20 @@ def number_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
         zh = "".join(DIGITS_ZH[d] for d in digits)
         pairs.append((zh, " ".join(DIGITS_EN[d] for d in digits)))
     return pairs
+
+
+def small_model(
+    src_vocab: int, tgt_vocab: int, norm: str = "pre", seed: int = 0, layers: int = 2
+) -> Transformer:
+    """A randomly initialised Transformer with d_model 32, in eval mode, without dropout."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=layers,
+        n_decoder_layers=layers,
+        d_ff=64,
+        dropout=0.0,
+        norm=norm,
+    )
+    return Transformer(cfg, src_vocab, tgt_vocab, max_len=40, pad_id=PAD_ID).eval()

@@ -211,3 +211,18 @@ def test_translate_rejects_invalid_utf8(run_dir, tmp_path):
     result = mtrain("translate", "--run", str(run_dir), "--input", str(bad))
     assert result.returncode == 2 and "not valid UTF-8" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    best = broken / "best.pt"
+    data = best.read_bytes()
+    best.unlink()  # best.pt may be a hard link to last.pt: do not truncate both
+    best.write_bytes(data[: len(data) // 2])
+    result = mtrain("translate", "--run", str(broken), "我是谁")
+    assert result.returncode == 2
+    assert f"{best}: cannot load checkpoint" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -93,3 +93,9 @@ def test_exponent_without_dot_is_a_float(tmp_path):
     assert cfg.train.lr == 3e-4
     with pytest.raises(ConfigError, match=r"train\.lr: expected float, got 'fast'"):
         config.load(write(tmp_path, "train:\n  lr: fast\n"))
+
+
+def test_yaml_cannot_construct_python_objects(tmp_path):
+    path = write(tmp_path, "model: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(path)

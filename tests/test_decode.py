@@ -6,21 +6,13 @@ from mtrain.decode import beam_search, greedy, length_limits, length_penalty
 from mtrain.model import Transformer
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+from .synthetic import small_model
+
 VOCAB = 20
 
 
 def random_model(seed=0, norm="pre") -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        d_model=32,
-        n_heads=4,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        d_ff=64,
-        dropout=0.0,
-        norm=norm,
-    )
-    return Transformer(cfg, VOCAB, VOCAB, max_len=32, pad_id=PAD_ID).eval()
+    return small_model(VOCAB, VOCAB, norm=norm, seed=seed)
 
 
 @pytest.fixture(scope="module")

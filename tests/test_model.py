@@ -2,25 +2,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtrain.config import ModelConfig
 from mtrain.model import Transformer, causal_mask, padding_mask
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+from .synthetic import small_model
 
 VOCAB = 50
 
 
-def make_model(norm="pre", dropout=0.0, seed=0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        d_model=32,
-        n_heads=4,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        d_ff=64,
-        dropout=dropout,
-        norm=norm,
-    )
-    return Transformer(cfg, VOCAB, VOCAB + 7, max_len=40, pad_id=PAD_ID).eval()
+def make_model(norm="pre", seed=0) -> Transformer:
+    return small_model(VOCAB, VOCAB + 7, norm=norm, seed=seed)
 
 
 def tokens(batch, length, seed=1):

@@ -54,6 +54,16 @@ def mtrain_train(run: Path, settings: list[str]) -> list[str]:
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+def start_training(run: Path, settings: list[str], log: Path) -> subprocess.Popen:
+    """Start `mtrain train` in a subprocess; return once it has written its first checkpoint."""
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(mtrain_train(run, settings), cwd=REPO, env=ENV, stderr=stderr)
+    deadline = time.monotonic() + 60
+    while not (run / "last.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc
+
+
 def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
     whole = tmp_path / "whole"
     whole.mkdir()
@@ -101,22 +111,19 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_and_the_same_command_resumes(corpus, tmp_path, sig):
-    run = tmp_path / "run"
-    command = mtrain_train(run, overrides(corpus, max_steps=100000, eval_every=100000))
-    proc = subprocess.Popen(command, cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (run / "config.yaml").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(8)  # tokenizer training and some steps
+    run, log = tmp_path / "run", tmp_path / "stderr"
+    settings = overrides(corpus, max_steps=100000, eval_every=3)
+    proc = start_training(run, settings, log)
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    stderr = log.read_text()
     assert proc.returncode == 130, stderr
     assert "interrupted at step" in stderr and "run the same command to resume" in stderr
     assert "Traceback" not in stderr
     step = checkpoint.load(run / "last.pt")["step"]
     assert step > 0
 
-    finish = [*command, f"--set=train.max_steps={step + 5}"]
+    finish = mtrain_train(run, [*settings, f"train.max_steps={step + 5}"])
     done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"resuming {run} at step {step}" in done.stderr
@@ -239,3 +246,15 @@ def test_checkpoint_copies_survive_the_next_save(tmp_path):
     checkpoint.save_copy(last, step)
     checkpoint.save(last, {"step": 2})
     assert checkpoint.load(step)["step"] == 1 and checkpoint.load(last)["step"] == 2
+
+
+def test_second_interrupt_stops_at_once_without_corrupting_checkpoints(corpus, tmp_path):
+    run, log = tmp_path / "run", tmp_path / "stderr"
+    proc = start_training(run, overrides(corpus, max_steps=100000, eval_every=3), log)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    stderr = log.read_text()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert checkpoint.load(run / "last.pt")["step"] > 0
