@@ -13,7 +13,7 @@ from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 @dataclass
 class Hypothesis:
     tokens: list[int]  # without <s> and </s>
-    score: float  # log-probability, divided by the length penalty in beam search
+    score: float | None  # beam search: log-probability / length penalty; greedy: None
 
 
 def length_limits(src: torch.Tensor, ratio: float, offset: int, cap: int) -> torch.Tensor:

@@ -104,6 +104,7 @@ class Trainer:
                 run_dir,
                 tcfg.seed,
             )
+        self.tokenizer_hash = self.tokenizer.fingerprint()
         self.train_examples = encode_pairs(
             self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )
@@ -217,7 +218,7 @@ class Trainer:
         """Everything a resumed run needs to continue exactly where this one is."""
         return {
             "model": self.model.state_dict(),
-            "tokenizer": self.tokenizer.fingerprint(),
+            "tokenizer": self.tokenizer_hash,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -235,7 +236,7 @@ class Trainer:
 
     def restore(self, state: dict) -> None:
         try:
-            if state["tokenizer"] != self.tokenizer.fingerprint():
+            if state["tokenizer"] != self.tokenizer_hash:
                 raise ValueError("the run's SentencePiece models differ from the checkpoint's")
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])

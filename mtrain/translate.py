@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Translation:
     text: str
-    score: float | None  # None for greedy search
+    score: float | None  # None from greedy search; 0.0 for an empty input line
 
 
 def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -61,7 +61,7 @@ class Translator:
         limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
         if d.beam_size == 1 and self.nbest == 1:
             out = greedy(self.model, src, limits, self.use_cache)
-            return [[Hypothesis(tokens, 0.0)] for tokens in out]
+            return [[Hypothesis(tokens, None)] for tokens in out]
         return beam_search(self.model, src, limits, d.beam_size, d.alpha, self.nbest)
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
@@ -75,17 +75,13 @@ class Translator:
         if too_long:
             log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
         ids = [source_ids(x, max_src_len) for x in ids]
-        results = [[Translation("", None)] for _ in texts]
+        results = [[Translation("", 0.0)] for _ in texts]
         batch_tokens = max(self.decode.batch_tokens // self.decode.beam_size, 1)
         for batch in length_batches([len(x) for x in ids], batch_tokens):
             src = pad([ids[j] for j in batch]).to(self.device)
             for j, hyps in zip(batch, self._search(src)):
                 texts_out = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-                greedy_only = self.decode.beam_size == 1 and self.nbest == 1
-                results[todo[j]] = [
-                    Translation(t, None if greedy_only else h.score)
-                    for t, h in zip(texts_out, hyps)
-                ]
+                results[todo[j]] = [Translation(t, h.score) for t, h in zip(texts_out, hyps)]
         return results
 
     def translate(self, texts: list[str]) -> list[str]:

@@ -184,12 +184,13 @@ def test_beam_and_nbest_output(run_dir):
         "4",
         "--nbest",
         "3",
-        input="我是谁\n今天是星期二\n",
+        input="我是谁\n\n今天是星期二\n",
     )
     assert result.returncode == 0, result.stderr
     rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
-    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1]
-    for sentence in (rows[:3], rows[3:]):
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 2, 2, 2]
+    assert rows[3][1:] == ["", "0.0000"]  # an empty line has one empty translation
+    for sentence in (rows[:3], rows[4:]):
         scores = [float(r[2]) for r in sentence]
         assert scores == sorted(scores, reverse=True)
     one = mtrain("translate", "--run", str(run_dir), "--beam", "1", "我是谁")
