@@ -54,6 +54,15 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot load checkpoint ({first_line})") from None
 
 
+def check_tokenizer(path: Path, state: dict[str, Any], fingerprint: str) -> None:
+    """Refuse a checkpoint trained with other SentencePiece models than the run now holds."""
+    if state.get("tokenizer") != fingerprint:
+        raise CheckpointError(
+            f"{path}: does not match the run's config and tokenizer "
+            "(the SentencePiece models differ from those it was trained with)"
+        )
+
+
 def step_name(step: int) -> str:
     return f"step-{step:08d}.pt"
 
@@ -90,12 +99,8 @@ def load_run(
     except (ConfigError, OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{run_dir}: {e}") from None
     state = load(run_dir / which)
+    check_tokenizer(run_dir / which, state, tokenizer.fingerprint())
     model = build_model(cfg, tokenizer)
-    if state.get("tokenizer") != tokenizer.fingerprint():
-        raise CheckpointError(
-            f"{run_dir / which}: does not match the run's config and tokenizer "
-            "(the SentencePiece models differ from those it was trained with)"
-        )
     try:
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError) as e:

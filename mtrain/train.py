@@ -235,9 +235,8 @@ class Trainer:
         }
 
     def restore(self, state: dict) -> None:
+        checkpoint.check_tokenizer(self.run_dir / checkpoint.LAST, state, self.tokenizer_hash)
         try:
-            if state["tokenizer"] != self.tokenizer_hash:
-                raise ValueError("the run's SentencePiece models differ from the checkpoint's")
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
