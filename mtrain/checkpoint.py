@@ -16,6 +16,7 @@ from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID, Tokenizer
 
 CONFIG_FILE, LAST, BEST, METRICS = "config.yaml", "last.pt", "best.pt", "metrics.jsonl"
+AVERAGED = "averaged.pt"
 
 
 class CheckpointError(ValueError):
@@ -72,6 +73,32 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("step-*.pt"))
 
 
+def average(paths: list[Path]) -> dict[str, Any]:
+    """A checkpoint whose weights are the mean of the given checkpoints' weights.
+
+    The checkpoints must come from one run (same tokenizer, same shapes); the result holds the
+    model, the tokenizer fingerprint and the steps averaged, not the optimizer state.
+    """
+    states = [load(path) for path in paths]
+    for path, state in zip(paths[1:], states[1:]):
+        check_tokenizer(path, state, states[0]["tokenizer"])
+    total = {k: v.double() for k, v in states[0]["model"].items()}
+    try:
+        for state in states[1:]:
+            for key, value in state["model"].items():
+                total[key] += value
+    except (KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{paths[0].parent}: cannot average ({e})") from None
+    model = {k: (v / len(states)).to(states[0]["model"][k].dtype) for k, v in total.items()}
+    steps = [state["step"] for state in states]  # the steps averaged
+    return {
+        "model": model,
+        "tokenizer": states[0]["tokenizer"],
+        "step": steps[-1],
+        "steps": steps,
+    }
+
+
 def write_config(run_dir: Path, cfg: Config) -> None:
     (run_dir / CONFIG_FILE).write_text(
         yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8"
@@ -82,7 +109,12 @@ def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
     """The model a config and tokenizer describe, freshly initialised."""
     max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
     return Transformer(
-        cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, max_len, PAD_ID
+        cfg.model,
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        max_len,
+        PAD_ID,
+        joint_vocab=cfg.tokenizer.joint,
     )
 
 

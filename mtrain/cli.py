@@ -59,6 +59,13 @@ QuantizeOption = Annotated[
     typer.Option(help="int8: dynamic int8 quantization of the linear layers (CPU only)."),
 ]
 DeviceOption = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
+CheckpointOption = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint",
+        help="Checkpoint in the run directory: best.pt, last.pt, averaged.pt or step-N.pt.",
+    ),
+]
 
 
 def fail(message: str) -> None:
@@ -163,13 +170,14 @@ def load_translator(
     beam: int | None,
     alpha: float | None,
     quantize: Quantize,
+    which: str,
     nbest: int = 1,
 ) -> tuple[Path, Config, Translator]:
     """Load a run and wrap it in a Translator with the decoding options asked for."""
     torch_device = runtime.pick_device(device)
     runtime.configure(torch_device)
     run_dir = resolve_run(run)
-    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device)
+    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device, which)
     if quantize is Quantize.int8:
         if torch_device.type != "cpu":
             fail("--quantize int8 runs on the CPU only; add --device cpu")
@@ -213,6 +221,7 @@ def translate(
         ),
     ] = 1,
     quantize: QuantizeOption = Quantize.none,
+    which: CheckpointOption = checkpoint.BEST,
     device: DeviceOption = "auto",
 ) -> None:
     """Translate sentences; one output line per input line, in input order.
@@ -224,7 +233,7 @@ def translate(
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
     try:
-        _, _, translator = load_translator(run, device, beam, alpha, quantize, nbest)
+        _, _, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
         stream = input_path.open(encoding="utf-8-sig") if input_path else None
     except (CheckpointError, OSError) as e:
         fail(str(e))
@@ -274,6 +283,7 @@ def evaluate(
     beam: BeamOption = None,
     alpha: AlphaOption = None,
     quantize: QuantizeOption = Quantize.none,
+    which: CheckpointOption = checkpoint.BEST,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     device: DeviceOption = "auto",
 ) -> None:
@@ -282,7 +292,7 @@ def evaluate(
     if (src is None) != (ref is None):
         fail("--src and --ref go together")
     try:
-        run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize)
+        run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which)
         if src is None:
             test = Path(cfg.data.test)
             sources, references = group_references(
@@ -307,8 +317,41 @@ def evaluate(
     scores = score(hyps, references, cfg.data.tgt_lang)
     log.info("hypotheses written to %s", hyp_path)
     if as_json:
-        result = {"run": str(run_dir), "sentences": len(hyps), "hypotheses": str(hyp_path)}
+        result = {
+            "run": str(run_dir),
+            "checkpoint": which,
+            "sentences": len(hyps),
+            "hypotheses": str(hyp_path),
+        }
         typer.echo(json.dumps({**result, **vars(scores)}))
     else:
         typer.echo(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
         typer.echo(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+
+
+@app.command()
+def average(
+    run: RunOption = None,
+    last: Annotated[
+        int, typer.Option(min=2, help="How many of the newest step-N.pt checkpoints to average.")
+    ] = 5,
+) -> None:
+    """Average the weights of a run's last step checkpoints into averaged.pt; print its path.
+
+    Translate or evaluate with it by adding --checkpoint averaged.pt.
+    """
+    setup_logging()
+    try:
+        run_dir = resolve_run(run)
+        paths = checkpoint.step_checkpoints(run_dir)
+        if len(paths) < last:
+            fail(
+                f"{run_dir}: {len(paths)} step checkpoints, fewer than --last {last} "
+                "(train.keep_last says how many training keeps)"
+            )
+        state = checkpoint.average(paths[-last:])
+        checkpoint.save(run_dir / checkpoint.AVERAGED, state)
+    except CheckpointError as e:
+        fail(str(e))
+    log.info("averaged the checkpoints of steps %s", ", ".join(map(str, state["steps"])))
+    typer.echo(str(run_dir / checkpoint.AVERAGED))

@@ -43,12 +43,16 @@ class ModelConfig:
     d_ff: int = 1024
     dropout: float = 0.1
     norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sublayer, or after (the paper)
+    # One matrix for the target embedding and the output projection (and the source embedding
+    # too when the vocabulary is joint).
+    tie_embeddings: bool = True
 
 
 @dataclass
 class TrainConfig:
     seed: int = 1
     batch_tokens: int = 4096  # source + target tokens per batch, padding included
+    accumulate: int = 1  # batches whose gradients are summed into one update
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 1000
     label_smoothing: float = 0.1
@@ -57,7 +61,12 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-clock budget; 0 means none
     eval_every: int = 500  # steps between validations
     keep_last: int = 2  # step-N.pt checkpoints kept, besides last.pt and best.pt
+    patience: int = 0  # stop after this many validations without a better dev BLEU; 0: never
+    average_last: int = 0  # at the end, average the last N step checkpoints into averaged.pt
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
+    # auto: bf16 autocast on GPUs and on CPUs with AMX (fp16 + loss scaling on older GPUs)
+    precision: Literal["auto", "fp32"] = "auto"
+    compile: bool = False  # torch.compile the model for training
 
 
 @dataclass
@@ -131,6 +140,7 @@ def _validate(cfg: Config) -> None:
         "model.n_decoder_layers": cfg.model.n_decoder_layers,
         "model.d_ff": cfg.model.d_ff,
         "train.batch_tokens": cfg.train.batch_tokens,
+        "train.accumulate": cfg.train.accumulate,
         "train.lr": cfg.train.lr,
         "train.max_steps": cfg.train.max_steps,
         "train.eval_every": cfg.train.eval_every,
@@ -157,9 +167,16 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.decode.alpha < 0 or cfg.decode.max_len_offset < 0:
         raise ConfigError("decode.alpha and decode.max_len_offset must not be negative")
-    for key in ("warmup_steps", "max_minutes", "keep_last"):
+    for key in ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must not be negative")
+    if cfg.train.average_last == 1:
+        raise ConfigError("train.average_last: must be 0 (no averaging) or at least 2")
+    if cfg.train.average_last > cfg.train.keep_last:
+        raise ConfigError(
+            f"train.average_last: {cfg.train.average_last} needs train.keep_last to be at "
+            f"least as large, got {cfg.train.keep_last}"
+        )
     if not 0.9 <= cfg.tokenizer.character_coverage <= 1:
         raise ConfigError("tokenizer.character_coverage: must be in [0.9, 1]")
     if cfg.tokenizer.vocab_size < 300:

@@ -57,13 +57,16 @@ def lr_factor(step: int, warmup_steps: int) -> float:
     return math.sqrt(max(warmup_steps, 1) / step)
 
 
-def loss_fn(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Mean label-smoothed cross-entropy over non-padding target tokens."""
+def loss_fn(
+    logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float, reduction: str = "mean"
+) -> torch.Tensor:
+    """Label-smoothed cross-entropy over non-padding target tokens: their mean, or sum."""
     return F.cross_entropy(
         logits.flatten(0, 1).float(),  # (B*T, V)
         tgt_out.flatten(),  # (B*T,)
         ignore_index=PAD_ID,
         label_smoothing=label_smoothing,
+        reduction=reduction,
     )
 
 
@@ -117,15 +120,25 @@ class Trainer:
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info("model has %.1fM parameters, training on %s", n_params / 1e6, device)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=tcfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0
+            self.model.parameters(),
+            lr=tcfg.lr,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            weight_decay=0.0,
+            fused=True,  # one kernel for all parameters, on the CPU as on CUDA
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, tcfg.warmup_steps)
         )
-        self.scaler = torch.amp.GradScaler(enabled=runtime.needs_grad_scaler(device))
+        self.amp_dtype = runtime.mixed_precision(device, tcfg.precision)
+        # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
+        self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
+        # Training calls the compiled model; validation and decoding run the plain one.
+        self.forward = torch.compile(self.model, dynamic=True) if tcfg.compile else self.model
         self.rng = random.Random(tcfg.seed)  # the batch sampler's generator
         self.step = 0
         self.best_bleu = -1.0
+        self.stale = 0  # validations since dev BLEU last improved
         self.skipped = 0  # batches skipped for running out of memory or a non-finite loss
         self.epoch, self.batches_done = 0, 0  # position: batches of this epoch already trained
         self.epoch_rng_state = None  # sampler state that this epoch's batch order came from
@@ -152,35 +165,52 @@ class Trainer:
                 yield Batch.collate([self.train_examples[i] for i in indices])
             self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
 
-    def train_step(self, batch: Batch) -> float | None:
-        """One optimizer update; None when the batch was skipped (out of memory, or NaN loss)."""
+    def updates(self):
+        """Yield the batches of each optimizer update, `train.accumulate` at a time."""
+        batches = self.batches()
+        while True:
+            yield [next(batches) for _ in range(self.cfg.train.accumulate)]
+
+    def train_step(self, batches: list[Batch]) -> float | None:
+        """One optimizer update from the summed gradients of `batches`.
+
+        Returns the mean loss per target token, or None when the update was skipped (out of
+        memory, or a non-finite loss with `train.skip_nonfinite`).
+        """
         self.model.train()
-        batch = batch.to(self.device)
+        batches = [batch.to(self.device) for batch in batches]
+        n_target = sum(batch.n_target_tokens for batch in batches)
         self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
         try:
-            with runtime.autocast(self.device):
-                logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
-            loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing)
-            if not torch.isfinite(loss):
-                if not self.cfg.train.skip_nonfinite:
-                    raise NonFiniteLoss(
-                        f"step {self.step + 1}: the loss is {loss.item()}; training stopped, "
-                        "the last checkpoint written before it is kept"
-                    )
-                return self._skip(batch, f"loss is {loss.item()}")
-            self.scaler.scale(loss).backward()
+            for batch in batches:
+                with runtime.autocast(self.device, self.amp_dtype):
+                    logits = self.forward(batch.src, batch.tgt_in)  # (B, T, V)
+                loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing, "sum")
+                loss = loss / n_target  # every token weighs the same across the batches
+                if not torch.isfinite(loss):
+                    if not self.cfg.train.skip_nonfinite:
+                        raise NonFiniteLoss(
+                            f"step {self.step + 1}: the loss is {loss.item()}; training stopped, "
+                            "the last checkpoint written before it is kept"
+                        )
+                    return self._skip(batch, f"loss is {loss.item()}")
+                self.scaler.scale(loss).backward()
+                total += loss.item()
         except torch.cuda.OutOfMemoryError:
             self.optimizer.zero_grad(set_to_none=True)  # drop partial gradients
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return self._skip(batch, "out of memory")
         self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_norm)
+        torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.train.clip_norm, foreach=True
+        )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.step += 1
-        return loss.item()
+        return total
 
     def _skip(self, batch: Batch, reason: str) -> None:
         self.skipped += 1
@@ -203,11 +233,10 @@ class Trainer:
         batches = epoch_batches(self.dev_examples, self.cfg.train.batch_tokens, random.Random(0))
         for batch in batches:
             batch = batch.to(self.device)
-            with runtime.autocast(self.device):
+            with runtime.autocast(self.device, self.amp_dtype):
                 logits = self.model(batch.src, batch.tgt_in)
-            n = batch.n_target_tokens
-            total += loss_fn(logits, batch.tgt_out, 0.0).item() * n
-            tokens += n
+            total += loss_fn(logits, batch.tgt_out, 0.0, "sum").item()
+            tokens += batch.n_target_tokens
         greedy = dataclasses.replace(self.cfg.decode, beam_size=1)
         translator = Translator(self.model, self.tokenizer, self.cfg, self.device, greedy)
         hyps = translator.translate(self.dev_sources)
@@ -230,6 +259,7 @@ class Trainer:
             "torch_rng_state": torch.get_rng_state(),
             "cuda_rng_states": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "best_bleu": self.best_bleu,
+            "stale": self.stale,
             "skipped": self.skipped,
             "minutes": self.minutes(),
         }
@@ -250,7 +280,8 @@ class Trainer:
             torch.set_rng_state(state["torch_rng_state"])
             if state["cuda_rng_states"] and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(state["cuda_rng_states"])
-            self.best_bleu, self.minutes_before = state["best_bleu"], state["minutes"]
+            self.best_bleu, self.stale = state["best_bleu"], state["stale"]
+            self.minutes_before = state["minutes"]
             self.skipped = state["skipped"]
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             reason = " ".join(str(e).split())[:200]
@@ -264,6 +295,7 @@ class Trainer:
     def checkpoint_and_log(self, val: Validation, metrics_file) -> None:
         improved = val.dev_bleu > self.best_bleu
         self.best_bleu = max(self.best_bleu, val.dev_bleu)
+        self.stale = 0 if improved else self.stale + 1
         last = self.run_dir / checkpoint.LAST
         self.save(checkpoint.LAST)
         if improved:
@@ -272,12 +304,33 @@ class Trainer:
             checkpoint.save_copy(last, self.run_dir / checkpoint.step_name(self.step))
             for old in checkpoint.step_checkpoints(self.run_dir)[: -self.cfg.train.keep_last]:
                 old.unlink()
-        record = {"event": "validation", **vars(val), "best": improved, "skipped": self.skipped}
+        self.log(metrics_file, "validation", val, improved, skipped=self.skipped)
+
+    def average(self, metrics_file) -> None:
+        """Average the last `train.average_last` step checkpoints into averaged.pt and validate
+        it; it becomes best.pt if its dev BLEU is the best. Leaves the averaged model loaded."""
+        paths = checkpoint.step_checkpoints(self.run_dir)[-self.cfg.train.average_last :]
+        if len(paths) < 2:
+            return
+        state = checkpoint.average(paths)
+        averaged = self.run_dir / checkpoint.AVERAGED
+        checkpoint.save(averaged, state)
+        self.model.load_state_dict(state["model"])
+        val = self.validate()
+        improved = val.dev_bleu > self.best_bleu
+        if improved:
+            self.best_bleu = val.dev_bleu
+            checkpoint.save_copy(averaged, self.run_dir / checkpoint.BEST)
+        self.log(metrics_file, "average", val, improved, steps=state["steps"])
+
+    def log(self, metrics_file, event: str, val: Validation, improved: bool, **extra) -> None:
+        record = {"event": event, **vars(val), "best": improved, **extra}
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
+        what = f"average of steps {extra['steps']}" if event == "average" else f"step {val.step}"
         log.info(
-            "step %d  %.1f min  dev loss %.3f  dev BLEU %.2f  chrF %.2f%s",
-            val.step,
+            "%s  %.1f min  dev loss %.3f  dev BLEU %.2f  chrF %.2f%s",
+            what,
             val.minutes,
             val.dev_loss,
             val.dev_bleu,
@@ -310,13 +363,13 @@ class Trainer:
         handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
             with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
-                for batch in self.batches():
+                for batches in self.updates():
                     if self.step >= tcfg.max_steps:
                         break
-                    loss = self.train_step(batch)
+                    loss = self.train_step(batches)
                     if loss is None:
                         continue
-                    window_tokens += batch.n_tokens
+                    window_tokens += sum(batch.n_tokens for batch in batches)
                     bar.update(1)
                     if self.step % 10 == 0:
                         now = time.monotonic()
@@ -333,10 +386,16 @@ class Trainer:
                     if stop or self.step % tcfg.eval_every == 0:
                         began = self.minutes()
                         self.checkpoint_and_log(self.validate(), metrics)
-                        reserve = self.minutes() - began
+                        # Keep room for a final validation, and one of the averaged model.
+                        reserve = (self.minutes() - began) * (2 if tcfg.average_last else 1)
                         window_tokens, window_start = 0, time.monotonic()
+                    if tcfg.patience and self.stale >= tcfg.patience:
+                        log.info("no better dev BLEU in %d validations: stopping", self.stale)
+                        break
                     if stop:
                         break
+                if tcfg.average_last:
+                    self.average(metrics)
         finally:
             bar.close()
             for sig, handler in handlers.items():

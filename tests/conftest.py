@@ -16,3 +16,14 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
     out = tmp_path_factory.mktemp("tok")
     cfg = TokenizerConfig(vocab_size=300, character_coverage=1.0)
     return Tokenizer.train([s for s, _ in pairs], [t for _, t in pairs], cfg, "zh", "en", out)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("corpus")
+    paths = {}
+    for name, n, seed in (("train", 400, 1), ("dev", 20, 2), ("test", 20, 3)):
+        path = root / f"{name}.tsv"
+        path.write_text("".join(f"{zh}\t{en}\n" for zh, en in number_pairs(n, seed)), "utf-8")
+        paths[name] = str(path)
+    return paths

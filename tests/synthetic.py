@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import torch
 
+from mtrain import config
 from mtrain.config import ModelConfig
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID
 
+REPO = Path(__file__).resolve().parent.parent
 DIGITS_ZH = "零一二三四五六七八九"
 DIGITS_EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -40,3 +43,18 @@ def small_model(
         norm=norm,
     )
     return Transformer(cfg, src_vocab, tgt_vocab, max_len=40, pad_id=PAD_ID).eval()
+
+
+def overrides(corpus, **train_keys) -> list[str]:
+    """`--set` values that make configs/tiny.yaml train on the synthetic corpus."""
+    values = [f"data.{k}={v}" for k, v in corpus.items()] + [
+        "tokenizer.vocab_size=300",
+        "tokenizer.character_coverage=1.0",
+        "train.batch_tokens=256",
+        "train.max_minutes=0",
+    ]
+    return values + [f"train.{k}={v}" for k, v in train_keys.items()]
+
+
+def small_config(corpus, **train_keys) -> config.Config:
+    return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus, **train_keys))

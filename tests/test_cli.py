@@ -35,6 +35,8 @@ def run_dir(tmp_path_factory) -> Path:
         "train.max_steps=120",
         "--set",
         "train.eval_every=60",
+        "--set",
+        "train.keep_last=2",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out)  # stdout holds the result only
@@ -140,7 +142,7 @@ def test_eval_rejects_misaligned_references(run_dir, tmp_path):
 def test_help_lists_every_command():
     result = mtrain("--help")
     assert result.returncode == 0
-    for command in ("train", "translate", "eval"):
+    for command in ("train", "translate", "eval", "average"):
         assert command in result.stdout
 
 
@@ -227,3 +229,18 @@ def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path):
     assert result.returncode == 2
     assert f"{best}: cannot load checkpoint" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_average_checkpoints_then_evaluate_the_average(run_dir):
+    result = mtrain("average", "--run", str(run_dir), "--last", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(run_dir / "averaged.pt")
+    assert "steps 60, 120" in result.stderr
+    result = mtrain("eval", "--run", str(run_dir), "--checkpoint", "averaged.pt", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["checkpoint"] == "averaged.pt"
+
+    too_many = mtrain("average", "--run", str(run_dir), "--last", "3")
+    assert too_many.returncode == 2 and "2 step checkpoints, fewer than --last 3" in too_many.stderr
+    missing = mtrain("translate", "一", "--run", str(run_dir), "--checkpoint", "nothing.pt")
+    assert missing.returncode == 2 and "nothing.pt: no such checkpoint" in missing.stderr

@@ -2,7 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtrain.model import Transformer, causal_mask, padding_mask
+from mtrain.config import ModelConfig
+from mtrain.model import Dropout, Transformer, causal_mask, padding_mask
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from .synthetic import small_model
@@ -94,3 +95,30 @@ def test_tiny_model_overfits_a_small_batch(norm):
     model.eval()
     assert loss.item() < 0.05
     assert torch.equal(model(src, tgt_in).argmax(-1), tgt_out)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("joint", [True, False])
+def test_embedding_tying(tie, joint):
+    model = Transformer(ModelConfig(tie_embeddings=tie), 40, 40, 16, PAD_ID, joint_vocab=joint)
+    target = model.tgt_embed.tokens.weight
+    assert (model.output_projection.weight is target) == tie
+    assert (model.src_embed.tokens.weight is target) == (tie and joint)
+    shared = 40 * 256 * ((2 if joint else 1) if tie else 0)
+    untied = Transformer(ModelConfig(tie_embeddings=False), 40, 40, 16, PAD_ID)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == sum(p.numel() for p in untied.parameters()) - shared
+
+
+def test_dropout_drops_at_its_rate_and_keeps_the_mean():
+    torch.manual_seed(0)
+    dropout = Dropout(0.1)
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = dropout(x)
+    dropped = y == 0
+    assert dropped.float().mean().item() == pytest.approx(0.1, abs=0.002)
+    torch.testing.assert_close(y[~dropped], torch.full_like(y[~dropped], 1 / 0.9))
+    y.sum().backward()  # the gradient flows through kept positions only, scaled alike
+    assert torch.equal(x.grad, y.detach())
+    assert not torch.equal(dropout(x), dropout(x))  # a new mask each call
+    assert dropout.eval()(x) is x

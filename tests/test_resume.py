@@ -15,35 +15,7 @@ import torch
 from mtrain import checkpoint, config, train
 from mtrain.checkpoint import CheckpointError
 
-from .synthetic import number_pairs
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("corpus")
-    paths = {}
-    for name, n, seed in (("train", 400, 1), ("dev", 20, 2), ("test", 20, 3)):
-        path = root / f"{name}.tsv"
-        path.write_text("".join(f"{zh}\t{en}\n" for zh, en in number_pairs(n, seed)), "utf-8")
-        paths[name] = str(path)
-    return paths
-
-
-def overrides(corpus, **train_keys) -> list[str]:
-    """`--set` values that make configs/tiny.yaml train on the synthetic corpus."""
-    values = [f"data.{k}={v}" for k, v in corpus.items()] + [
-        "tokenizer.vocab_size=300",
-        "tokenizer.character_coverage=1.0",
-        "train.batch_tokens=256",
-        "train.max_minutes=0",
-    ]
-    return values + [f"train.{k}={v}" for k, v in train_keys.items()]
-
-
-def small_config(corpus, **train_keys) -> config.Config:
-    return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus, **train_keys))
+from .synthetic import REPO, overrides, small_config
 
 
 def mtrain_train(run: Path, settings: list[str]) -> list[str]:
@@ -97,8 +69,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     )
     real_loss = train.loss_fn
 
-    def poisoned(logits, tgt_out, smoothing):
-        loss = real_loss(logits, tgt_out, smoothing)
+    def poisoned(logits, tgt_out, smoothing, reduction="mean"):
+        loss = real_loss(logits, tgt_out, smoothing, reduction)
         return loss * float("nan") if trainer.step == 7 else loss
 
     monkeypatch.setattr(train, "loss_fn", poisoned)
@@ -184,9 +156,9 @@ def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, mon
     real_loss = train.loss_fn
     calls = []
 
-    def poisoned(logits, tgt_out, smoothing):
+    def poisoned(logits, tgt_out, smoothing, reduction="mean"):
         calls.append(1)
-        loss = real_loss(logits, tgt_out, smoothing)
+        loss = real_loss(logits, tgt_out, smoothing, reduction)
         return loss * float("inf") if len(calls) == 4 else loss
 
     monkeypatch.setattr(train, "loss_fn", poisoned)

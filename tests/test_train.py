@@ -1,10 +1,17 @@
 import itertools
+import json
 
 import pytest
 import torch
 
+from mtrain import checkpoint, config
+from mtrain.data import Batch
 from mtrain.tokenizer import PAD_ID
-from mtrain.train import loss_fn, lr_factor
+from mtrain.train import Trainer, Validation, loss_fn, lr_factor
+
+from .synthetic import REPO, overrides, small_config
+
+CPU = torch.device("cpu")
 
 
 def test_lr_warms_up_then_decays():
@@ -23,4 +30,63 @@ def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
         torch.stack([logits[0, 0], logits[0, 1], logits[1, 0]]), torch.tensor([4, 5, 6])
     )
     torch.testing.assert_close(loss_fn(logits, tgt, 0.0), expected)
+    torch.testing.assert_close(loss_fn(logits, tgt, 0.0, "sum"), 3 * expected)
     assert loss_fn(logits, tgt, 0.1) != loss_fn(logits, tgt, 0.0)
+
+
+def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path):
+    def trainer(name: str, accumulate: int) -> Trainer:
+        settings = [*overrides(corpus, accumulate=accumulate), "model.dropout=0"]
+        cfg = config.load(REPO / "configs" / "tiny.yaml", settings)
+        (tmp_path / name).mkdir()
+        return Trainer(cfg, tmp_path / name, CPU)
+
+    accumulating, whole = trainer("accumulate", 3), trainer("whole", 1)
+    batches = next(accumulating.updates())
+    assert len(batches) == 3
+    examples = [whole.train_examples[i] for i in _indices(accumulating, batches)]
+    loss_parts = accumulating.train_step(batches)
+    loss_whole = whole.train_step([Batch.collate(examples)])
+    assert loss_parts == pytest.approx(loss_whole, rel=1e-5)
+    for (name, a), b in zip(accumulating.model.named_parameters(), whole.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _indices(trainer: Trainer, batches: list[Batch]) -> list[int]:
+    """The training examples in `batches`, found by their source and target ids."""
+    position = {(tuple(ex.src), tuple(ex.tgt)): i for i, ex in enumerate(trainer.train_examples)}
+    found = []
+    for batch in batches:
+        for src, tgt in zip(batch.src.tolist(), batch.tgt_out.tolist()):
+            src = tuple(t for t in src if t != PAD_ID)
+            tgt = tuple(t for t in tgt if t != PAD_ID)[:-1]  # without </s>
+            found.append(position[(src, tgt)])
+    return found
+
+
+def test_early_stopping_after_patience_validations_without_progress(corpus, tmp_path, monkeypatch):
+    cfg = small_config(corpus, max_steps=100, eval_every=5, patience=2)
+    trainer = Trainer(cfg, tmp_path, CPU)
+    # Dev BLEU 5.0 at every validation: the first is the best, the next two are not better.
+    monkeypatch.setattr(
+        trainer, "validate", lambda: Validation(trainer.step, trainer.minutes(), 1.0, 5.0, 5.0)
+    )
+    trainer.run()
+    assert trainer.step == 15
+
+
+def test_training_ends_by_averaging_the_last_checkpoints(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=15, eval_every=5, keep_last=3, average_last=3)
+    Trainer(cfg, tmp_path, CPU).run()
+    averaged = checkpoint.load(tmp_path / checkpoint.AVERAGED)
+    assert averaged["steps"] == [5, 10, 15]
+    steps = [checkpoint.load(p)["model"] for p in checkpoint.step_checkpoints(tmp_path)]
+    for name, tensor in averaged["model"].items():
+        torch.testing.assert_close(tensor, sum(s[name] for s in steps) / 3)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["validation"] * 3 + ["average"]
+    best = checkpoint.load(tmp_path / "best.pt")["model"]
+    if records[-1]["best"]:  # the averaged model is the best: best.pt holds it
+        assert all(torch.equal(best[k], v) for k, v in averaged["model"].items())
+    else:
+        assert not all(torch.equal(best[k], v) for k, v in averaged["model"].items())

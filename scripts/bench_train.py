@@ -1,0 +1,155 @@
+"""Training speed of a config on this machine: tokens/s, padding, FLOPs, MFU, peak memory.
+
+    python scripts/bench_train.py --config configs/default.yaml [--steps 40] [--set k=v ...]
+
+Runs the real training step (`Trainer.train_step`) on the config's training data, after a few
+untimed warm-up steps, and prints:
+- source + target non-padding tokens per second, and the padding fraction of the timed batches
+  and of a whole epoch's batches;
+- model FLOPs per token: the matrix multiplies of forward and backward (3 × forward) for each
+  sentence's own lengths, attention scores included, LayerNorm/softmax/loss not counted;
+- achieved FLOP/s, and MFU: achieved FLOP/s over the matrix-multiply peak that this script
+  measures first, in the precision training computes in (fp32, or bf16 under autocast);
+- peak resident memory of the process (and peak CUDA memory on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mtrain import config, runtime
+from mtrain.config import Config
+from mtrain.data import token_batches
+from mtrain.train import Trainer
+
+
+def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:
+    """Matrix-multiply FLOPs of one sentence pair's forward pass (2 per multiply-add)."""
+    d, f, s, t = cfg.model.d_model, cfg.model.d_ff, src_len, tgt_len
+    encoder_layer = 2 * s * 4 * d * d + 2 * s * 2 * d * f + 2 * 2 * s * s * d
+    decoder_layer = (
+        2 * t * 4 * d * d  # self-attention projections
+        + 2 * 2 * t * t * d  # self-attention scores and weighted values
+        + 2 * t * 2 * d * d  # cross-attention query and output projections
+        + 2 * s * 2 * d * d  # cross-attention keys and values from the encoder output
+        + 2 * 2 * t * s * d  # cross-attention scores and weighted values
+        + 2 * t * 2 * d * f  # feed-forward
+    )
+    return (
+        cfg.model.n_encoder_layers * encoder_layer
+        + cfg.model.n_decoder_layers * decoder_layer
+        + 2 * t * d * vocab  # output projection
+    )
+
+
+def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, dtype) -> float:
+    """The best FLOP/s of (m×k)·(k×n) multiplies of the given shapes, each timed for ~1 s."""
+    best = 0.0
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            for _ in range(10):
+                a @ b
+            runs += 10
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        flops = 2 * m * k * n * runs / (time.perf_counter() - start)
+        print(f"matmul {m}x{k}x{n} {str(dtype).removeprefix('torch.')}: {flops / 1e9:,.0f} GFLOP/s")
+        best = max(best, flops)
+    return best
+
+
+def padding_fraction(batches) -> float:
+    """Share of padding among the source and target positions of padded batches."""
+    real = sum(int((b.src != 0).sum() + (b.tgt_out != 0).sum()) for b in batches)
+    total = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
+    return 1 - real / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--set", action="append", default=[], help="override, e.g. train.lr=1e-3")
+    parser.add_argument("--steps", type=int, default=40, help="timed optimizer updates")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed updates first")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+
+    cfg = config.load(args.config, args.set)
+    device = runtime.pick_device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, Path(tmp), device)
+    dtype = trainer.amp_dtype or torch.float32
+    print(
+        f"{args.config}: device {device}, {torch.get_num_threads()} threads, computing in {dtype}"
+    )
+
+    tokens = cfg.train.batch_tokens // 2
+    d, f = cfg.model.d_model, cfg.model.d_ff
+    shapes = [(tokens, d, f), (tokens, f, d), (2048, 2048, 2048)]
+    if device.type == "cuda":  # a GPU reaches its peak only on larger products
+        shapes.append((8192, 8192, 8192))
+    peak = matmul_peak(shapes, device, dtype)
+
+    examples = trainer.train_examples
+    epoch = token_batches(examples, cfg.train.batch_tokens, random.Random(0))
+    real = sum(len(examples[i].src) + len(examples[i].tgt) + 1 for b in epoch for i in b)
+    padded = sum(
+        len(b) * (max(len(examples[i].src) for i in b) + max(len(examples[i].tgt) + 1 for i in b))
+        for b in epoch
+    )
+
+    updates = trainer.updates()
+    start = time.perf_counter()
+    for _ in range(args.warmup):
+        trainer.train_step(next(updates))
+    warmup_s = time.perf_counter() - start
+    timed = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        batches = next(updates)
+        trainer.train_step(batches)
+        timed += batches
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+
+    vocab = trainer.tokenizer.tgt_vocab_size
+    n_tokens = sum(b.n_tokens for b in timed)
+    flops = 3 * sum(
+        forward_flops(cfg, vocab, int(s), int(t))
+        for b in timed
+        for s, t in zip((b.src != 0).sum(1), (b.tgt_out != 0).sum(1))
+    )
+    achieved = flops / seconds
+    print(f"warm-up: {args.warmup} updates in {warmup_s:.1f} s")
+    print(f"timed: {args.steps} updates ({len(timed)} batches) in {seconds:.1f} s")
+    print(f"updates/s: {args.steps / seconds:.2f}")
+    print(f"tokens/s (source + target, non-padding): {n_tokens / seconds:,.0f}")
+    print(f"padding fraction: {padding_fraction(timed):.1%} timed, {1 - real / padded:.1%} epoch")
+    print(f"model FLOPs per token (training): {flops / n_tokens / 1e6:.1f} M")
+    print(f"achieved: {achieved / 1e9:,.1f} GFLOP/s")
+    print(f"matmul peak ({str(dtype).removeprefix('torch.')}): {peak / 1e9:,.0f} GFLOP/s")
+    print(f"MFU: {achieved / peak:.1%}")
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak resident memory: {rss_mb:,.0f} MB")
+    if device.type == "cuda":
+        print(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**20:,.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
