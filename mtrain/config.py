@@ -66,7 +66,6 @@ class TrainConfig:
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
     # auto: bf16 autocast on GPUs and on CPUs with AMX (fp16 + loss scaling on older GPUs)
     precision: Literal["auto", "fp32"] = "auto"
-    compile: bool = False  # torch.compile the model for training
 
 
 @dataclass

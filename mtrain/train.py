@@ -133,8 +133,6 @@ class Trainer:
         self.amp_dtype = runtime.mixed_precision(device, tcfg.precision)
         # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
         self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
-        # Training calls the compiled model; validation and decoding run the plain one.
-        self.forward = torch.compile(self.model, dynamic=True) if tcfg.compile else self.model
         self.rng = random.Random(tcfg.seed)  # the batch sampler's generator
         self.step = 0
         self.best_bleu = -1.0
@@ -185,7 +183,7 @@ class Trainer:
         try:
             for batch in batches:
                 with runtime.autocast(self.device, self.amp_dtype):
-                    logits = self.forward(batch.src, batch.tgt_in)  # (B, T, V)
+                    logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
                 loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing, "sum")
                 loss = loss / n_target  # every token weighs the same across the batches
                 if not torch.isfinite(loss):
