@@ -156,3 +156,42 @@ def epoch_batches(
     """Yield one epoch of shuffled, token-sized batches."""
     for indices in token_batches(examples, batch_tokens, rng):
         yield Batch.collate([examples[i] for i in indices])
+
+
+class BatchStream:
+    """Training batches, epoch after epoch, each epoch in a new seeded order.
+
+    Its position (`state_dict`) is the epoch, the batches of it already taken and the generator
+    state its order came from, so a resumed run takes exactly the batches an uninterrupted one
+    would have.
+    """
+
+    def __init__(self, examples: list[Example], batch_tokens: int, seed: int):
+        self.examples, self.batch_tokens = examples, batch_tokens
+        self.rng = random.Random(seed)
+        self.epoch, self.batches_done = 0, 0
+        self.epoch_rng_state = None  # generator state this epoch's order came from
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            if self.epoch_rng_state is None:
+                self.epoch_rng_state = self.rng.getstate()
+            else:  # resuming inside an epoch: rebuild its batch order exactly
+                self.rng.setstate(self.epoch_rng_state)
+            order = token_batches(self.examples, self.batch_tokens, self.rng)
+            while self.batches_done < len(order):
+                indices = order[self.batches_done]
+                self.batches_done += 1
+                yield Batch.collate([self.examples[i] for i in indices])
+            self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "epoch_rng_state": self.epoch_rng_state,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batches_done = state["epoch"], state["batches_done"]
+        self.epoch_rng_state = state["epoch_rng_state"]

@@ -1,4 +1,4 @@
-"""The training loop: data, optimiser and schedule, validation, checkpoints, metrics log."""
+"""The training loop: updates, validation, checkpoints, metrics log, stopping and resuming."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -21,16 +20,17 @@ from mtrain import checkpoint, runtime
 from mtrain.config import Config
 from mtrain.data import (
     Batch,
+    BatchStream,
     DataError,
     encode_pairs,
     epoch_batches,
     group_references,
     read_parallel,
-    token_batches,
 )
 from mtrain.evaluate import score
 from mtrain.model import Transformer
-from mtrain.tokenizer import PAD_ID, Tokenizer
+from mtrain.optim import build_optimizer, loss_fn
+from mtrain.tokenizer import Tokenizer
 from mtrain.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -47,27 +47,6 @@ class Interrupted(Exception):
     def __init__(self, step: int):
         super().__init__(f"interrupted at step {step}")
         self.step = step
-
-
-def lr_factor(step: int, warmup_steps: int) -> float:
-    """Linear warmup to 1 over `warmup_steps`, then inverse-square-root decay."""
-    step = max(step, 1)
-    if step < warmup_steps:
-        return step / warmup_steps
-    return math.sqrt(max(warmup_steps, 1) / step)
-
-
-def loss_fn(
-    logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float, reduction: str = "mean"
-) -> torch.Tensor:
-    """Label-smoothed cross-entropy over non-padding target tokens: their mean, or sum."""
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(),  # (B*T, V)
-        tgt_out.flatten(),  # (B*T,)
-        ignore_index=PAD_ID,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-    )
 
 
 @dataclass
@@ -119,27 +98,15 @@ class Trainer:
         self.model: Transformer = checkpoint.build_model(cfg, self.tokenizer).to(device)
         n_params = sum(p.numel() for p in self.model.parameters())
         log.info("model has %.1fM parameters, training on %s", n_params / 1e6, device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=tcfg.lr,
-            betas=(0.9, 0.98),
-            eps=1e-9,
-            weight_decay=0.0,
-            fused=True,  # one kernel for all parameters, on the CPU as on CUDA
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_factor(step, tcfg.warmup_steps)
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.model, tcfg)
         self.amp_dtype = runtime.mixed_precision(device, tcfg.precision)
         # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
         self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
-        self.rng = random.Random(tcfg.seed)  # the batch sampler's generator
+        self.stream = BatchStream(self.train_examples, tcfg.batch_tokens, tcfg.seed)
         self.step = 0
         self.best_bleu = -1.0
         self.stale = 0  # validations since dev BLEU last improved
         self.skipped = 0  # batches skipped for running out of memory or a non-finite loss
-        self.epoch, self.batches_done = 0, 0  # position: batches of this epoch already trained
-        self.epoch_rng_state = None  # sampler state that this epoch's batch order came from
         self.minutes_before = 0.0  # training time spent before a resume
         self.stop_requested = False
         if resume:
@@ -149,23 +116,9 @@ class Trainer:
     def minutes(self) -> float:
         return self.minutes_before + (time.monotonic() - self.start) / 60
 
-    def batches(self):
-        """Yield training batches forever, epoch after epoch, from the saved position on."""
-        while True:
-            if self.epoch_rng_state is None:
-                self.epoch_rng_state = self.rng.getstate()
-            else:  # resuming inside an epoch: rebuild its batch order exactly
-                self.rng.setstate(self.epoch_rng_state)
-            order = token_batches(self.train_examples, self.cfg.train.batch_tokens, self.rng)
-            while self.batches_done < len(order):
-                indices = order[self.batches_done]
-                self.batches_done += 1
-                yield Batch.collate([self.train_examples[i] for i in indices])
-            self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
-
     def updates(self):
         """Yield the batches of each optimizer update, `train.accumulate` at a time."""
-        batches = self.batches()
+        batches = iter(self.stream)
         while True:
             yield [next(batches) for _ in range(self.cfg.train.accumulate)]
 
@@ -250,9 +203,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "step": self.step,
-            "epoch": self.epoch,
-            "batches_done": self.batches_done,
-            "epoch_rng_state": self.epoch_rng_state,
+            **self.stream.state_dict(),
             "python_rng_state": random.getstate(),
             "torch_rng_state": torch.get_rng_state(),
             "cuda_rng_states": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -269,11 +220,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
-            self.step, self.epoch = state["step"], state["epoch"]
-            self.batches_done, self.epoch_rng_state = (
-                state["batches_done"],
-                state["epoch_rng_state"],
-            )
+            self.step = state["step"]
+            self.stream.load_state_dict(state)
             random.setstate(state["python_rng_state"])
             torch.set_rng_state(state["torch_rng_state"])
             if state["cuda_rng_states"] and torch.cuda.is_available():
@@ -319,6 +267,9 @@ class Trainer:
         if improved:
             self.best_bleu = val.dev_bleu
             checkpoint.save_copy(averaged, self.run_dir / checkpoint.BEST)
+            # A resumed run compares with this score, or it could replace best.pt by a worse one.
+            last = self.run_dir / checkpoint.LAST
+            checkpoint.save(last, {**checkpoint.load(last), "best_bleu": val.dev_bleu})
         self.log(metrics_file, "average", val, improved, steps=state["steps"])
 
     def log(self, metrics_file, event: str, val: Validation, improved: bool, **extra) -> None:

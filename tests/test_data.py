@@ -3,9 +3,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtrain.data import (
     Batch,
+    BatchStream,
     DataError,
     Example,
     encode_pairs,
@@ -129,3 +131,21 @@ def test_token_batches_cover_every_example_once_within_budget():
         assert padded <= 200
     assert batches == token_batches(examples, 200, random.Random(1))
     assert batches != token_batches(examples, 200, random.Random(2))
+
+
+def test_batch_stream_resumes_exactly_where_it_stopped():
+    rng = random.Random(0)
+    examples = [Example([4] * rng.randint(1, 30), [5] * rng.randint(1, 30)) for _ in range(300)]
+    stream = BatchStream(examples, 200, seed=3)
+    batches = iter(stream)
+    for _ in range(70):  # past the end of the first epoch
+        next(batches)
+    assert stream.epoch == 1
+    state = stream.state_dict()
+    expected = [next(batches) for _ in range(40)]
+
+    resumed = BatchStream(examples, 200, seed=3)
+    resumed.load_state_dict(state)
+    got = [b for b, _ in zip(resumed, range(40))]
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)

@@ -1,4 +1,3 @@
-import itertools
 import json
 
 import pytest
@@ -7,31 +6,11 @@ import torch
 from mtrain import checkpoint, config
 from mtrain.data import Batch
 from mtrain.tokenizer import PAD_ID
-from mtrain.train import Trainer, Validation, loss_fn, lr_factor
+from mtrain.train import Trainer, Validation
 
 from .synthetic import REPO, overrides, small_config
 
 CPU = torch.device("cpu")
-
-
-def test_lr_warms_up_then_decays():
-    factors = [lr_factor(s, 100) for s in range(1, 1000)]
-    assert factors[0] == pytest.approx(0.01)
-    assert max(factors) == pytest.approx(1.0) and factors.index(max(factors)) == 99
-    assert all(a < b for a, b in itertools.pairwise(factors[:100]))
-    assert all(a > b for a, b in itertools.pairwise(factors[99:]))
-    assert lr_factor(400, 100) == pytest.approx(0.5)
-
-
-def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
-    logits = torch.randn(2, 3, 7)
-    tgt = torch.tensor([[4, 5, PAD_ID], [6, PAD_ID, PAD_ID]])
-    expected = torch.nn.functional.cross_entropy(
-        torch.stack([logits[0, 0], logits[0, 1], logits[1, 0]]), torch.tensor([4, 5, 6])
-    )
-    torch.testing.assert_close(loss_fn(logits, tgt, 0.0), expected)
-    torch.testing.assert_close(loss_fn(logits, tgt, 0.0, "sum"), 3 * expected)
-    assert loss_fn(logits, tgt, 0.1) != loss_fn(logits, tgt, 0.0)
 
 
 def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path):
@@ -75,9 +54,18 @@ def test_early_stopping_after_patience_validations_without_progress(corpus, tmp_
     assert trainer.step == 15
 
 
-def test_training_ends_by_averaging_the_last_checkpoints(corpus, tmp_path):
+@pytest.mark.parametrize("average_bleu, average_is_best", [(4.0, True), (0.5, False)])
+def test_training_ends_by_averaging_the_last_checkpoints(
+    corpus, tmp_path, monkeypatch, average_bleu, average_is_best
+):
     cfg = small_config(corpus, max_steps=15, eval_every=5, keep_last=3, average_last=3)
-    Trainer(cfg, tmp_path, CPU).run()
+    trainer = Trainer(cfg, tmp_path, CPU)
+    scores = iter([1.0, 2.0, 3.0, average_bleu])  # steps 5, 10, 15, then the average
+    monkeypatch.setattr(
+        trainer, "validate", lambda: Validation(trainer.step, 0.0, 1.0, next(scores), 1.0)
+    )
+    trainer.run()
+
     averaged = checkpoint.load(tmp_path / checkpoint.AVERAGED)
     assert averaged["steps"] == [5, 10, 15]
     steps = [checkpoint.load(p)["model"] for p in checkpoint.step_checkpoints(tmp_path)]
@@ -85,8 +73,10 @@ def test_training_ends_by_averaging_the_last_checkpoints(corpus, tmp_path):
         torch.testing.assert_close(tensor, sum(s[name] for s in steps) / 3)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records] == ["validation"] * 3 + ["average"]
+    assert records[-1]["best"] == average_is_best
+
     best = checkpoint.load(tmp_path / "best.pt")["model"]
-    if records[-1]["best"]:  # the averaged model is the best: best.pt holds it
-        assert all(torch.equal(best[k], v) for k, v in averaged["model"].items())
-    else:
-        assert not all(torch.equal(best[k], v) for k, v in averaged["model"].items())
+    best_source = averaged["model"] if average_is_best else steps[-1]
+    assert all(torch.equal(best[k], v) for k, v in best_source.items())
+    # A resumed run compares new validations with the best score, the average's included.
+    assert checkpoint.load(tmp_path / "last.pt")["best_bleu"] == max(3.0, average_bleu)

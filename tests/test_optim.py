@@ -1,0 +1,27 @@
+import itertools
+
+import pytest
+import torch
+
+from mtrain.optim import loss_fn, lr_factor
+from mtrain.tokenizer import PAD_ID
+
+
+def test_lr_warms_up_then_decays():
+    factors = [lr_factor(s, 100) for s in range(1, 1000)]
+    assert factors[0] == pytest.approx(0.01)
+    assert max(factors) == pytest.approx(1.0) and factors.index(max(factors)) == 99
+    assert all(a < b for a, b in itertools.pairwise(factors[:100]))
+    assert all(a > b for a, b in itertools.pairwise(factors[99:]))
+    assert lr_factor(400, 100) == pytest.approx(0.5)
+
+
+def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
+    logits = torch.randn(2, 3, 7)
+    tgt = torch.tensor([[4, 5, PAD_ID], [6, PAD_ID, PAD_ID]])
+    expected = torch.nn.functional.cross_entropy(
+        torch.stack([logits[0, 0], logits[0, 1], logits[1, 0]]), torch.tensor([4, 5, 6])
+    )
+    torch.testing.assert_close(loss_fn(logits, tgt, 0.0), expected)
+    torch.testing.assert_close(loss_fn(logits, tgt, 0.0, "sum"), 3 * expected)
+    assert loss_fn(logits, tgt, 0.1) != loss_fn(logits, tgt, 0.0)
