@@ -21,13 +21,15 @@ import random
 import resource
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from mtrain import config, runtime
 from mtrain.config import Config
-from mtrain.data import token_batches
+from mtrain.data import Batch, epoch_batches
+from mtrain.tokenizer import PAD_ID
 from mtrain.train import Trainer
 
 
@@ -71,10 +73,12 @@ def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, dtype)
     return best
 
 
-def padding_fraction(batches) -> float:
+def padding_fraction(batches: Iterable[Batch]) -> float:
     """Share of padding among the source and target positions of padded batches."""
-    real = sum(int((b.src != 0).sum() + (b.tgt_out != 0).sum()) for b in batches)
-    total = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
+    real = total = 0
+    for b in batches:
+        real += b.n_tokens
+        total += b.src.numel() + b.tgt_out.numel()
     return 1 - real / total
 
 
@@ -103,13 +107,8 @@ def main() -> None:
         shapes.append((8192, 8192, 8192))
     peak = matmul_peak(shapes, device, dtype)  # measured again after training: the best counts
 
-    examples = trainer.train_examples
-    epoch = token_batches(examples, cfg.train.batch_tokens, random.Random(0))
-    real = sum(len(examples[i].src) + len(examples[i].tgt) + 1 for b in epoch for i in b)
-    padded = sum(
-        len(b) * (max(len(examples[i].src) for i in b) + max(len(examples[i].tgt) + 1 for i in b))
-        for b in epoch
-    )
+    epoch = epoch_batches(trainer.train_examples, cfg.train.batch_tokens, random.Random(0))
+    epoch_padding = padding_fraction(epoch)
 
     updates = trainer.updates()
     start = time.perf_counter()
@@ -135,14 +134,14 @@ def main() -> None:
     flops = 3 * sum(
         forward_flops(cfg, vocab, int(s), int(t))
         for b in timed
-        for s, t in zip((b.src != 0).sum(1), (b.tgt_out != 0).sum(1))
+        for s, t in zip((b.src != PAD_ID).sum(1), (b.tgt_out != PAD_ID).sum(1))
     )
     achieved = flops / seconds
     print(f"warm-up: {args.warmup} updates in {warmup_s:.1f} s")
     print(f"timed: {args.steps} updates ({len(timed)} batches) in {seconds:.1f} s")
     print(f"updates/s: {args.steps / seconds:.2f}")
     print(f"tokens/s (source + target, non-padding): {n_tokens / seconds:,.0f}")
-    print(f"padding fraction: {padding_fraction(timed):.1%} timed, {1 - real / padded:.1%} epoch")
+    print(f"padding fraction: {padding_fraction(timed):.1%} timed, {epoch_padding:.1%} epoch")
     print(f"model FLOPs per token (training): {flops / n_tokens / 1e6:.1f} M")
     print(f"achieved: {achieved / 1e9:,.1f} GFLOP/s")
     print(f"matmul peak ({str(dtype).removeprefix('torch.')}): {peak / 1e9:,.0f} GFLOP/s")
