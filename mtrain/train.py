@@ -129,8 +129,9 @@ class Trainer:
         memory, or a non-finite loss with `train.skip_nonfinite`).
         """
         self.model.train()
-        batches = [batch.to(self.device) for batch in batches]
+        # Counted on the host: on a GPU, counting would wait for the non-blocking copies.
         n_target = sum(batch.n_target_tokens for batch in batches)
+        batches = [batch.to(self.device) for batch in batches]
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         try:
