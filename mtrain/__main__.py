@@ -1,3 +1,3 @@
-from mtrain.cli import app
+from mtrain.cli import main
 
-app(prog_name="mtrain")
+main()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import yaml
 
 from mtrain import config as config_mod
 from mtrain.config import Config, ConfigError
+from mtrain.files import atomic_open, tmp_path, write_atomic
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID, Tokenizer
 
@@ -24,35 +27,61 @@ class CheckpointError(ValueError):
 
 
 def save(path: Path, state: dict[str, Any]) -> None:
-    """Write a checkpoint atomically: a crash mid-write leaves the previous file intact."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write a checkpoint atomically: a crash or a full disk leaves the previous file intact."""
+    # Serialised in memory first: torch's writer turns a failed write (a full disk) into a
+    # RuntimeError that no longer says why; a plain write raises the OSError that does.
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(path, buffer.getbuffer())
 
 
 def save_copy(src: Path, dst: Path) -> None:
     """Make `dst` hold what `src` holds now: a hard link (no copy on disk) where possible."""
-    tmp = dst.with_name(dst.name + ".tmp")
+    tmp = tmp_path(dst)
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
     except OSError:  # a file system without hard links
-        shutil.copyfile(src, tmp)
+        with src.open("rb") as f, atomic_open(dst) as out:
+            shutil.copyfileobj(f, out)
+        return
     os.replace(tmp, dst)
 
 
 def load(path: Path) -> dict[str, Any]:
     """Load a checkpoint as plain tensors and containers; pickled code is refused."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
-    except Exception as e:  # torch raises several types for corrupt or unsafe files
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: cannot load checkpoint ({first_line})") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint") from None
+    except pickle.UnpicklingError as e:
+        why = (
+            "it holds Python objects, not only tensors, which mtrain never loads"
+            if "Unsupported global" in str(e)
+            else "not a PyTorch checkpoint"
+        )
+        raise CheckpointError(f"{path}: not a loadable mtrain checkpoint ({why})") from None
+    except (RuntimeError, EOFError, ValueError):  # torch's zip reader on a cut or damaged file
+        raise CheckpointError(
+            f"{path}: not a loadable mtrain checkpoint (truncated or corrupt)"
+        ) from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a loadable mtrain checkpoint (no model weights)")
+    return state
+
+
+def resolve(run_dir: Path, name: str) -> Path:
+    """The checkpoint file `name` of a run; a path outside the run directory is refused."""
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise CheckpointError(
+            f"--checkpoint {name!r}: expected the name of a checkpoint file in the run directory "
+            "(best.pt, last.pt, averaged.pt or step-N.pt), not a path"
+        )
+    return run_dir / name
 
 
 def check_tokenizer(path: Path, state: dict[str, Any], fingerprint: str) -> None:
@@ -100,9 +129,8 @@ def average(paths: list[Path]) -> dict[str, Any]:
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
-    (run_dir / CONFIG_FILE).write_text(
-        yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8"
-    )
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    write_atomic(run_dir / CONFIG_FILE, text)
 
 
 def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
@@ -130,15 +158,16 @@ def load_run(
         tokenizer = Tokenizer.load(run_dir)
     except (ConfigError, OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{run_dir}: {e}") from None
-    state = load(run_dir / which)
-    check_tokenizer(run_dir / which, state, tokenizer.fingerprint())
+    path = resolve(run_dir, which)
+    state = load(path)
+    check_tokenizer(path, state, tokenizer.fingerprint())
     model = build_model(cfg, tokenizer)
     try:
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError) as e:
         reason = " ".join(str(e).split())[:200]
         raise CheckpointError(
-            f"{run_dir / which}: does not match the run's config and tokenizer ({reason})"
+            f"{path}: does not match the run's config and tokenizer ({reason})"
         ) from None
     return cfg, tokenizer, model.to(device).eval()
 

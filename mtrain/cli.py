@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import enum
 import json
 import logging
 import os
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -18,8 +19,10 @@ from tqdm import tqdm
 from mtrain import checkpoint, config, runtime
 from mtrain.checkpoint import CheckpointError
 from mtrain.config import Config, ConfigError
-from mtrain.data import DataError, group_references, read_lines, read_parallel
+from mtrain.data import DataError, decode_lines, group_references, read_lines, read_parallel
 from mtrain.evaluate import score
+from mtrain.files import DirectoryLock, DirectoryLocked, atomic_open, remove_leftovers, write_atomic
+from mtrain.runtime import DeviceError
 from mtrain.translate import Translator
 
 app = typer.Typer(
@@ -68,9 +71,37 @@ CheckpointOption = Annotated[
 ]
 
 
+# Errors of the user's making (input, files, config, devices): one line each, exit status 2.
+USER_ERRORS = (ConfigError, DataError, CheckpointError, DeviceError, DirectoryLocked)
+
+
 def fail(message: str) -> None:
     typer.echo(f"mtrain: error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `mtrain` console script: every error is one line on stderr and a non-zero status."""
+    try:
+        status = app(argv, prog_name="mtrain", standalone_mode=False)
+    except USER_ERRORS as e:
+        status = error(str(e))
+    except OSError as e:  # a file that cannot be read or written
+        status = error(f"{e.filename}: {e.strerror}" if e.filename else str(e))
+    except Exception as e:
+        if not hasattr(e, "format_message"):  # not a command-line usage error: a bug
+            raise
+        message = e.format_message()  # a bad option or argument, from the parser
+        if not message:  # `mtrain` alone: the parser printed the help
+            sys.exit(2)
+        command = getattr(getattr(e, "ctx", None), "command_path", "mtrain")
+        status = error(f"{message.rstrip('.')} (see {command} --help)")
+    sys.exit(status if isinstance(status, int) else 0)
+
+
+def error(message: str) -> int:
+    typer.echo(f"mtrain: error: {message}", err=True)
+    return 2
 
 
 def setup_logging() -> None:
@@ -90,10 +121,7 @@ RESUMABLE_KEYS = {"max_steps", "max_minutes"}  # train.* keys a resumed run may 
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
     """Refuse to resume a run with a config other than its own (but for its limits)."""
-    try:
-        saved = config.load(run_dir / checkpoint.CONFIG_FILE).to_dict()
-    except ConfigError as e:
-        fail(str(e))
+    saved = config.load(run_dir / checkpoint.CONFIG_FILE).to_dict()
     new = cfg.to_dict()
     for section, values in new.items():
         for key, value in values.items():
@@ -130,26 +158,32 @@ def train(
     Ctrl-C (or SIGTERM) saves a checkpoint after the current step and exits with status 130;
     a second Ctrl-C exits at once.
     """
-    from mtrain.train import Interrupted, NonFiniteLoss, Trainer  # keeps `translate` light
+    from mtrain.train import Interrupted, NonFiniteLoss, RunWriteError, Trainer  # light `translate`
 
     setup_logging()
+    cfg = config.load(config_path, overrides or [])
+    torch_device = runtime.pick_device(device)
+    run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    for key in ("train", "dev", "test"):
+        path = Path(getattr(cfg.data, key))
+        if not path.is_file():
+            fail(f"{config_path}: data.{key}: no such file {path}")
+        setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--out {run_dir}: exists and is not a directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        cfg = config.load(config_path, overrides or [])
-        run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-        for key in ("train", "dev", "test"):
-            path = Path(getattr(cfg.data, key))
-            if not path.is_file():
-                fail(f"{config_path}: data.{key}: no such file {path}")
-            setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
-        resume = (run_dir / checkpoint.LAST).exists()
-        if resume:
-            check_resumable(run_dir, cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_config(run_dir, cfg)
-        log.info("run directory %s", run_dir)
-        trainer = Trainer(cfg, run_dir, runtime.pick_device(device), resume=resume)
-        best = trainer.run()
-    except (ConfigError, DataError, CheckpointError, NonFiniteLoss) as e:
+        with DirectoryLock(run_dir):  # one trainer per run directory
+            for leftover in remove_leftovers(run_dir):
+                log.info("removed %s, left by an interrupted write", leftover)
+            resume = (run_dir / checkpoint.LAST).exists()
+            if resume:
+                check_resumable(run_dir, cfg)
+            log.info("run directory %s", run_dir)
+            trainer = Trainer(cfg, run_dir, torch_device, resume=resume)
+            checkpoint.write_config(run_dir, cfg)  # once the run is known to be resumable
+            best = trainer.run()
+    except (NonFiniteLoss, RunWriteError) as e:
         fail(str(e))
     except Interrupted as e:
         typer.echo(
@@ -158,7 +192,9 @@ def train(
         )
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
-        typer.echo(f"mtrain: stopped; the last checkpoint in {run_dir} is intact", err=True)
+        last = run_dir / checkpoint.LAST
+        kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
+        typer.echo(f"mtrain: stopped; {kept}", err=True)
         raise typer.Exit(130) from None
     log.info("best dev BLEU %.2f", best)
     typer.echo(str(run_dir))
@@ -183,7 +219,9 @@ def load_translator(
             fail("--quantize int8 runs on the CPU only; add --device cpu")
         model = runtime.quantize_int8(model)
     asked = {"beam_size": beam, "alpha": alpha}
-    decode = dataclasses.replace(cfg.decode, **{k: v for k, v in asked.items() if v is not None})
+    raw = cfg.to_dict()
+    raw["decode"].update({k: v for k, v in asked.items() if v is not None})
+    decode = config.from_dict(raw, "options").decode  # the run's own checks, e.g. a finite alpha
     if nbest > decode.beam_size:
         fail(f"--nbest {nbest} needs --beam {nbest} or more")
     return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)
@@ -227,37 +265,58 @@ def translate(
     """Translate sentences; one output line per input line, in input order.
 
     Input comes from the arguments, --input, or stdin; it is read and translated in chunks, so
-    files of any length work in bounded memory. An empty line gives an empty line.
+    files of any length work in bounded memory. An empty line gives an empty line. --output is
+    written under a temporary name and renamed when complete.
     """
     setup_logging()
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
+    if output is not None:
+        check_output(output, input_path)
+    _, _, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
+    # SIGTERM unwinds like Ctrl-C, so that a half-written --output is removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        _, _, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
-        stream = input_path.open(encoding="utf-8-sig") if input_path else None
-    except (CheckpointError, OSError) as e:
-        fail(str(e))
-    lines = texts if texts else (line.rstrip("\r\n") for line in (stream or sys.stdin))
-    out = output.open("w", encoding="utf-8") if output else sys.stdout
-    progress = tqdm(desc="translate", unit=" lines", disable=not (input_path or output))
-    try:
-        for number, translations in enumerate(translator.stream(lines)):
-            if nbest == 1:
-                out.write(translations[0].text + "\n")
+        with contextlib.ExitStack() as stack:
+            if texts:
+                lines = texts
+            elif input_path:
+                lines = decode_lines(stack.enter_context(input_path.open("rb")), str(input_path))
             else:
-                out.writelines(f"{number} ||| {t.text} ||| {t.score:.4f}\n" for t in translations)
-            progress.update(1)
-    except UnicodeDecodeError as e:
-        fail(f"{input_path or 'stdin'}: not valid UTF-8 ({e.reason})")
+                lines = decode_lines(sys.stdin.buffer, "<stdin>")
+            out = (
+                stack.enter_context(atomic_open(output, "w", encoding="utf-8"))
+                if output
+                else sys.stdout
+            )
+            progress = stack.enter_context(
+                tqdm(desc="translate", unit=" lines", disable=not (input_path or output))
+            )
+            for number, translations in enumerate(translator.stream(lines)):
+                if nbest == 1:
+                    out.write(translations[0].text + "\n")
+                else:
+                    out.writelines(
+                        f"{number} ||| {t.text} ||| {t.score:.4f}\n" for t in translations
+                    )
+                progress.update(1)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
-    finally:
-        progress.close()
-        if output:
-            out.close()
-        if stream:
-            stream.close()
+    except KeyboardInterrupt:
+        kept = f"; {output} was not written" if output else ""
+        typer.echo(f"mtrain: interrupted{kept}", err=True)
+        raise typer.Exit(130) from None
+
+
+def check_output(output: Path, input_path: Path | None) -> None:
+    """Refuse an --output that cannot be written, or that is the input it would overwrite."""
+    if output.is_dir():
+        fail(f"--output {output}: is a directory")
+    if not output.parent.is_dir():
+        fail(f"--output {output}: no such directory {output.parent}")
+    if input_path and output.exists() and output.samefile(input_path):
+        fail(f"--output {output}: is the input file; write the translations elsewhere")
 
 
 @app.command(name="eval")
@@ -291,37 +350,40 @@ def evaluate(
     setup_logging()
     if (src is None) != (ref is None):
         fail("--src and --ref go together")
-    try:
-        run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which)
-        if src is None:
-            test = Path(cfg.data.test)
-            sources, references = group_references(
-                read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang)
-            )
-            hyp_path = run_dir / f"{test.stem}.hyp.{cfg.data.tgt_lang}"
-        else:
-            sources = read_lines(src)
-            streams = [read_lines(path) for path in ref]
-            for path, stream in zip(ref, streams):
-                if len(stream) != len(sources):
-                    fail(f"{path}: {len(stream)} lines, but {src} has {len(sources)}")
-            references = [[r for r in refs if r.strip()] for refs in zip(*streams)]
-            for number, refs in enumerate(references, 1):
-                if not refs:
-                    fail(f"{src}:{number}: no reference in any --ref file")
-            hyp_path = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}"
-    except (CheckpointError, DataError) as e:
-        fail(str(e))
+    run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which)
+    if src is None:
+        test = Path(cfg.data.test)
+        sources, references = group_references(
+            read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang)
+        )
+        hyp_path, source_name = run_dir / f"{test.stem}.hyp.{cfg.data.tgt_lang}", test
+    else:
+        sources = read_lines(src)
+        streams = [read_lines(path) for path in ref]
+        for path, stream in zip(ref, streams):
+            if len(stream) != len(sources):
+                fail(f"{path}: {len(stream)} lines, but {src} has {len(sources)}")
+        references = [[r for r in refs if r.strip()] for refs in zip(*streams)]
+        for number, refs in enumerate(references, 1):
+            if not refs:
+                fail(f"{src}:{number}: no reference in any --ref file")
+        hyp_path, source_name = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}", src
+    if not sources:
+        fail(f"{source_name}: no sentences to evaluate")
     hyps = [t[0].text for t in translator.stream(sources)]
-    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     scores = score(hyps, references, cfg.data.tgt_lang)
-    log.info("hypotheses written to %s", hyp_path)
+    try:
+        write_atomic(hyp_path, "".join(h + "\n" for h in hyps))
+        log.info("hypotheses written to %s", hyp_path)
+    except OSError as e:  # a read-only run directory: the scores still count
+        log.warning("mtrain: warning: cannot write %s (%s); scores below", hyp_path, e.strerror)
+        hyp_path = None
     if as_json:
         result = {
             "run": str(run_dir),
             "checkpoint": which,
             "sentences": len(hyps),
-            "hypotheses": str(hyp_path),
+            "hypotheses": hyp_path and str(hyp_path),
         }
         typer.echo(json.dumps({**result, **vars(scores)}))
     else:
@@ -341,8 +403,10 @@ def average(
     Translate or evaluate with it by adding --checkpoint averaged.pt.
     """
     setup_logging()
-    try:
-        run_dir = resolve_run(run)
+    run_dir = resolve_run(run)
+    if not (run_dir / checkpoint.CONFIG_FILE).is_file():
+        fail(f"{run_dir}: not a run directory (no {checkpoint.CONFIG_FILE})")
+    with DirectoryLock(run_dir):  # training writes averaged.pt too
         paths = checkpoint.step_checkpoints(run_dir)
         if len(paths) < last:
             fail(
@@ -351,7 +415,5 @@ def average(
             )
         state = checkpoint.average(paths[-last:])
         checkpoint.save(run_dir / checkpoint.AVERAGED, state)
-    except CheckpointError as e:
-        fail(str(e))
     log.info("averaged the checkpoints of steps %s", ", ".join(map(str, state["steps"])))
     typer.echo(str(run_dir / checkpoint.AVERAGED))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,9 +101,12 @@ def _check_value(key: str, value: Any, kind: Any) -> Any:
     if kind is float and not isinstance(value, bool):
         # YAML 1.1 reads 3e-4 (no dot) as a string; people write it that way.
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected float, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
     return value

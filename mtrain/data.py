@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,25 @@ def read_lines(path: Path) -> list[str]:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not valid UTF-8") from None
     return text.splitlines()
+
+
+def decode_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Decode a binary stream's lines as UTF-8 (BOM and CRLF tolerated), naming a bad line."""
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{name}:{number}: not valid UTF-8") from None
+        yield line.rstrip("\r\n")
+
+
+def file_fingerprint(path: Path) -> str:
+    """A hash of a file's bytes, to tell whether a corpus changed."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_parallel(path: Path, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:

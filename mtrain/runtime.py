@@ -10,11 +10,27 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 
+class DeviceError(ValueError):
+    """A device that does not exist here; the message names it."""
+
+
 def pick_device(name: str = "auto") -> torch.device:
     """Return CUDA when present (or when asked for), else the CPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DeviceError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"--device {name!r}: mtrain runs on cpu or cuda")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DeviceError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise DeviceError(f"--device {name}: this machine has {count} CUDA GPU(s)")
+    return device
 
 
 def set_seed(seed: int) -> None:

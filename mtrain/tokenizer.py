@@ -10,6 +10,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtrain.config import ConfigError, TokenizerConfig
+from mtrain.files import write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
@@ -79,8 +80,8 @@ class Tokenizer:
         else:
             src = _train_model(src_sentences, cfg, coverage(src_lang), seed)
             tgt = _train_model(tgt_sentences, cfg, coverage(tgt_lang), seed)
-        (out_dir / SRC_MODEL).write_bytes(src)
-        (out_dir / TGT_MODEL).write_bytes(tgt)
+        write_atomic(out_dir / SRC_MODEL, src)
+        write_atomic(out_dir / TGT_MODEL, tgt)
         return cls.load(out_dir)
 
     @classmethod

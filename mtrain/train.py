@@ -24,10 +24,12 @@ from mtrain.data import (
     DataError,
     encode_pairs,
     epoch_batches,
+    file_fingerprint,
     group_references,
     read_parallel,
 )
 from mtrain.evaluate import score
+from mtrain.files import write_atomic
 from mtrain.model import Transformer
 from mtrain.optim import build_optimizer, loss_fn
 from mtrain.tokenizer import Tokenizer
@@ -35,10 +37,15 @@ from mtrain.translate import Translator
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+DATA_KEYS = ("train", "dev")  # the corpora a run reads: a resumed run must find them unchanged
 
 
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite; the message names the step."""
+
+
+class RunWriteError(OSError):
+    """A file of the run could not be written; the message says what was kept."""
 
 
 class Interrupted(Exception):
@@ -58,6 +65,29 @@ class Validation:
     dev_chrf: float
 
 
+def trim_metrics(path: Path, step: int) -> None:
+    """Cut a metrics log back to the records of steps up to `step`, where a resumed run goes on.
+
+    Records written after the checkpoint it resumes from would be written again, and a line
+    torn by a crash or a full disk is dropped.
+    """
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        if not line.endswith("\n"):
+            break
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    if len(kept) < len(lines):
+        write_atomic(path, "".join(kept))
+
+
 class Trainer:
     """Trains one run into its directory; knows the model only through forward/encode/decode."""
 
@@ -74,6 +104,8 @@ class Trainer:
             if not any(s and t for s, t in pairs):
                 raise DataError(f"{path}: no sentence pairs with both sides non-empty")
         log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
+        # A resumed run must read the same data, or it would not continue the same run.
+        self.data_hash = {key: file_fingerprint(Path(getattr(dcfg, key))) for key in DATA_KEYS}
         if resume:
             self.tokenizer = Tokenizer.load(run_dir)
         else:
@@ -109,8 +141,11 @@ class Trainer:
         self.skipped = 0  # batches skipped for running out of memory or a non-finite loss
         self.minutes_before = 0.0  # training time spent before a resume
         self.stop_requested = False
+        self.saved_step: int | None = None  # the step last.pt holds
         if resume:
             self.restore(checkpoint.load(run_dir / checkpoint.LAST))
+            self.saved_step = self.step
+            trim_metrics(run_dir / checkpoint.METRICS, self.step)
             log.info("resuming %s at step %d", run_dir, self.step)
 
     def minutes(self) -> float:
@@ -143,8 +178,8 @@ class Trainer:
                 if not torch.isfinite(loss):
                     if not self.cfg.train.skip_nonfinite:
                         raise NonFiniteLoss(
-                            f"step {self.step + 1}: the loss is {loss.item()}; training stopped, "
-                            "the last checkpoint written before it is kept"
+                            f"step {self.step + 1}: the loss is {loss.item()}; training stopped; "
+                            f"{self.kept()}"
                         )
                     return self._skip(batch, f"loss is {loss.item()}")
                 self.scaler.scale(loss).backward()
@@ -204,6 +239,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "step": self.step,
+            "data": self.data_hash,
             **self.stream.state_dict(),
             "python_rng_state": random.getstate(),
             "torch_rng_state": torch.get_rng_state(),
@@ -215,7 +251,15 @@ class Trainer:
         }
 
     def restore(self, state: dict) -> None:
-        checkpoint.check_tokenizer(self.run_dir / checkpoint.LAST, state, self.tokenizer_hash)
+        last = self.run_dir / checkpoint.LAST
+        checkpoint.check_tokenizer(last, state, self.tokenizer_hash)
+        for key, digest in state.get("data", {}).items():
+            if self.data_hash.get(key) != digest:
+                raise checkpoint.CheckpointError(
+                    f"data.{key}: {getattr(self.cfg.data, key)} changed since {last} was written; "
+                    "resuming would not continue the same run (restore the file, or train into "
+                    "another --out)"
+                )
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -236,8 +280,16 @@ class Trainer:
                 f"{self.run_dir / checkpoint.LAST}: cannot resume from it ({reason})"
             ) from None
 
+    def kept(self) -> str:
+        """What a failure leaves behind, for its message."""
+        if self.saved_step is None:
+            return f"no checkpoint was written in {self.run_dir} yet"
+        return f"{self.run_dir / checkpoint.LAST} (step {self.saved_step}) is intact"
+
     def save(self, name: str) -> None:
         checkpoint.save(self.run_dir / name, self.state())
+        if name == checkpoint.LAST:
+            self.saved_step = self.step
 
     def checkpoint_and_log(self, val: Validation, metrics_file) -> None:
         improved = val.dev_bleu > self.best_bleu
@@ -346,6 +398,9 @@ class Trainer:
                         break
                 if tcfg.average_last:
                     self.average(metrics)
+        except OSError as e:  # a full disk, a file system gone read-only
+            where = e.filename or f"into {self.run_dir}"
+            raise RunWriteError(f"cannot write {where} ({e.strerror}); {self.kept()}") from None
         finally:
             bar.close()
             for sig, handler in handlers.items():

@@ -124,7 +124,7 @@ class Payload:
 def test_checkpoint_with_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": Payload()}, path)
-    with pytest.raises(CheckpointError, match=r"evil\.pt: cannot load checkpoint"):
+    with pytest.raises(CheckpointError, match=r"evil\.pt: not a loadable mtrain checkpoint"):
         checkpoint.load(path)
 
 
@@ -132,13 +132,13 @@ def test_truncated_checkpoint_is_refused(tmp_path):
     path = tmp_path / "cut.pt"
     torch.save({"model": {"w": torch.zeros(1000)}}, path)
     path.write_bytes(path.read_bytes()[:500])
-    with pytest.raises(CheckpointError, match=r"cut\.pt: cannot load checkpoint"):
+    with pytest.raises(CheckpointError, match=r"cut\.pt: not a loadable mtrain checkpoint"):
         checkpoint.load(path)
 
 
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    checkpoint.save(path, {"step": 1})
+    checkpoint.save(path, {"model": {}, "step": 1})
 
     def broken(state, f):
         f.write(b"half a checkpoint")
@@ -146,7 +146,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.save(path, {"step": 2})
+        checkpoint.save(path, {"model": {}, "step": 2})
     assert checkpoint.load(path)["step"] == 1
 
 
@@ -214,9 +214,9 @@ def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_pat
 
 def test_checkpoint_copies_survive_the_next_save(tmp_path):
     last, step = tmp_path / "last.pt", tmp_path / "step-1.pt"
-    checkpoint.save(last, {"step": 1})
+    checkpoint.save(last, {"model": {}, "step": 1})
     checkpoint.save_copy(last, step)
-    checkpoint.save(last, {"step": 2})
+    checkpoint.save(last, {"model": {}, "step": 2})
     assert checkpoint.load(step)["step"] == 1 and checkpoint.load(last)["step"] == 2
 
 

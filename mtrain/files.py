@@ -1,0 +1,103 @@
+"""Files that must never be left half-written: atomic writes, and the lock on a run directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: run directories go unlocked
+    fcntl = None
+
+TMP_SUFFIX = ".tmp"
+LOCK_FILE = ".lock"
+
+
+def tmp_path(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place (same directory, same disk).
+
+    Hidden, and tagged with the process id, so it clobbers no file of the user's.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """Open a temporary file that replaces `path` only when the block completes.
+
+    If the block fails (a full disk, an error, Ctrl-C), the temporary file is removed and
+    `path` keeps what it held before; readers never see a half-written file.
+    """
+    tmp = tmp_path(path)
+    try:
+        with tmp.open(mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename is None or str(e.filename) == str(tmp)):
+            raise OSError(e.errno, e.strerror, str(path)) from None  # name the file meant
+        raise
+
+
+def write_atomic(path: Path, data: bytes | memoryview | str) -> None:
+    """Write `data` to `path` atomically (text as UTF-8)."""
+    with atomic_open(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Delete the temporary files a killed process left in `directory`; return them."""
+    leftovers = sorted(directory.glob(f"*{TMP_SUFFIX}"))
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return leftovers
+
+
+class DirectoryLocked(RuntimeError):
+    """Another process holds the lock on a directory; the message names it."""
+
+
+class DirectoryLock:
+    """An exclusive OS lock on a directory, held while a process writes into it.
+
+    The lock is `flock` on `DIR/.lock`: the kernel releases it when the process ends, however it
+    ends, so a crash never leaves a stale lock. The file holds the holder's pid and host, for
+    the message another process gets.
+    """
+
+    def __init__(self, directory: Path):
+        self.path = directory / LOCK_FILE
+        self.file: IO[str] | None = None
+
+    def __enter__(self) -> DirectoryLock:
+        f = self.path.open("a+", encoding="utf-8")
+        if fcntl is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise DirectoryLocked(
+                    f"{self.path.parent}: in use by another mtrain process ({holder}); "
+                    "wait for it to finish or use another directory"
+                ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()  # closing releases the lock
+            self.file = None
