@@ -21,7 +21,14 @@ from mtrain.checkpoint import CheckpointError
 from mtrain.config import Config, ConfigError
 from mtrain.data import DataError, decode_lines, group_references, read_lines, read_parallel
 from mtrain.evaluate import score
-from mtrain.files import DirectoryLock, DirectoryLocked, atomic_open, remove_leftovers, write_atomic
+from mtrain.files import (
+    LOCK_FILE,
+    DirectoryLock,
+    DirectoryLocked,
+    atomic_open,
+    remove_leftovers,
+    write_atomic,
+)
 from mtrain.runtime import DeviceError
 from mtrain.translate import Translator
 
@@ -119,6 +126,11 @@ def resolve_run(run: Path | None) -> Path:
 RESUMABLE_KEYS = {"max_steps", "max_minutes"}  # train.* keys a resumed run may change
 
 
+def is_run_dir(path: Path) -> bool:
+    """A directory that mtrain trained into (or began to)."""
+    return (path / checkpoint.CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
+
+
 def check_resumable(run_dir: Path, cfg: Config) -> None:
     """Refuse to resume a run with a config other than its own (but for its limits)."""
     saved = config.load(run_dir / checkpoint.CONFIG_FILE).to_dict()
@@ -171,6 +183,8 @@ def train(
         setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
     if run_dir.exists() and not run_dir.is_dir():
         fail(f"--out {run_dir}: exists and is not a directory")
+    if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
+        fail(f"--out {run_dir}: holds other files and no run; use a new or empty directory")
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         with DirectoryLock(run_dir):  # one trainer per run directory
@@ -271,9 +285,12 @@ def translate(
     setup_logging()
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
+    run_dir, _, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
     if output is not None:
-        check_output(output, input_path)
-    _, _, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
+        check_output(output, [input_path] if input_path else [], run_dir)
+    for number, text in enumerate(texts or [], 1):
+        if not is_utf8(text):
+            fail(f"argument {number}: not valid UTF-8")
     # SIGTERM unwinds like Ctrl-C, so that a half-written --output is removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -309,14 +326,28 @@ def translate(
         raise typer.Exit(130) from None
 
 
-def check_output(output: Path, input_path: Path | None) -> None:
-    """Refuse an --output that cannot be written, or that is the input it would overwrite."""
+def check_output(output: Path, inputs: list[Path], run_dir: Path) -> None:
+    """Refuse an --output that cannot be written, or that would overwrite what is being read:
+    the input, or a file of the run (model, tokenizer, config)."""
     if output.is_dir():
         fail(f"--output {output}: is a directory")
     if not output.parent.is_dir():
         fail(f"--output {output}: no such directory {output.parent}")
-    if input_path and output.exists() and output.samefile(input_path):
+    if not output.exists():
+        return
+    if any(output.samefile(path) for path in inputs):
         fail(f"--output {output}: is the input file; write the translations elsewhere")
+    if any(output.samefile(path) for path in run_dir.iterdir() if path.is_file()):
+        fail(f"--output {output}: is a file of the run {run_dir}; write the translations elsewhere")
+
+
+def is_utf8(text: str) -> bool:
+    """False for text that came from bytes that are not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @app.command(name="eval")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,9 +54,13 @@ def write_atomic(path: Path, data: bytes | memoryview | str) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+# Temporary files of `tmp_path`, and `NAME.pt.tmp` of earlier mtrain versions: nothing else.
+LEFTOVER = re.compile(r"\..+\.\d+\.tmp|.+\.pt\.tmp")
+
+
 def remove_leftovers(directory: Path) -> list[Path]:
     """Delete the temporary files a killed process left in `directory`; return them."""
-    leftovers = sorted(directory.glob(f"*{TMP_SUFFIX}"))
+    leftovers = sorted(p for p in directory.iterdir() if LEFTOVER.fullmatch(p.name))
     for path in leftovers:
         path.unlink(missing_ok=True)
     return leftovers
@@ -78,7 +83,10 @@ class DirectoryLock:
         self.file: IO[str] | None = None
 
     def __enter__(self) -> DirectoryLock:
-        f = self.path.open("a+", encoding="utf-8")
+        try:
+            f = self.path.open("a+", encoding="utf-8")
+        except OSError as e:  # a read-only directory, say: name it, not the lock file
+            raise OSError(e.errno, e.strerror, str(self.path.parent)) from None
         if fcntl is not None:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

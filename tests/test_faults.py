@@ -319,3 +319,22 @@ def test_stop_before_the_first_checkpoint_does_not_claim_one(tmp_path):
     assert proc.wait() == 130
     assert not (run / "last.pt").exists()
     assert "no checkpoint had been written" in stderr and "intact" not in stderr
+
+
+def test_out_that_holds_other_files_is_refused(corpus, tmp_path):
+    (tmp_path / "config.yaml.bak").write_text("mine")
+    (tmp_path / "notes.tmp").write_text("mine too")
+    one_line_error(mtrain(*train_args(tmp_path, corpus)), "holds other files and no run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml.bak", "notes.tmp"]
+
+
+def test_output_onto_a_file_of_the_run_is_refused(run_dir):
+    result = mtrain("translate", "--run", str(run_dir), "-o", str(run_dir / "best.pt"), "一")
+    one_line_error(result, "is a file of the run")
+    assert checkpoint.load(run_dir / "best.pt")["step"] > 0
+
+
+def test_argument_that_is_not_utf8_is_one_line(run_dir):
+    one_line_error(
+        mtrain("translate", "--run", str(run_dir), b"\xff\xfe"), "argument 1: not valid UTF-8"
+    )
