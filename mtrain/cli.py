@@ -20,6 +20,7 @@ from mtrain import checkpoint, config, runtime
 from mtrain.checkpoint import CheckpointError
 from mtrain.config import Config, ConfigError
 from mtrain.data import DataError, decode_lines, group_references, read_lines, read_parallel
+from mtrain.distributed import DistributedError
 from mtrain.evaluate import score
 from mtrain.files import (
     LOCK_FILE,
@@ -79,7 +80,14 @@ CheckpointOption = Annotated[
 
 
 # Errors of the user's making (input, files, config, devices): one line each, exit status 2.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, DeviceError, DirectoryLocked)
+USER_ERRORS = (
+    ConfigError,
+    DataError,
+    CheckpointError,
+    DeviceError,
+    DirectoryLocked,
+    DistributedError,
+)
 
 
 def fail(message: str) -> None:
@@ -111,8 +119,10 @@ def error(message: str) -> int:
     return 2
 
 
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+def setup_logging(quiet: bool = False) -> None:
+    """Log to stderr: progress and information, or warnings and errors only when `quiet`."""
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
 
 
 def resolve_run(run: Path | None) -> Path:
@@ -164,54 +174,89 @@ def train(
         ),
     ] = None,
     device: DeviceOption = "auto",
+    peer_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Under torchrun: minutes a process waits for the others before it gives up "
+            "with an error (rank 0's validations must fit in it).",
+        ),
+    ] = 5.0,
 ) -> None:
     """Train a model; writes config, tokenizers, checkpoints and metrics into a run directory.
 
     Ctrl-C (or SIGTERM) saves a checkpoint after the current step and exits with status 130;
-    a second Ctrl-C exits at once.
+    a second Ctrl-C exits at once. Under `torchrun --nproc_per_node N -m mtrain train ...`,
+    N processes train one model with DistributedDataParallel; rank 0 writes the run.
     """
-    from mtrain.train import Interrupted, NonFiniteLoss, RunWriteError, Trainer  # light `translate`
+    from mtrain import distributed  # these keep `translate` light
+    from mtrain.train import Interrupted, NonFiniteLoss, RunWriteError, Trainer
 
-    setup_logging()
+    group = distributed.from_env()
+    setup_logging(quiet=not group.is_main)
     cfg = config.load(config_path, overrides or [])
-    torch_device = runtime.pick_device(device)
+    torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     for key in ("train", "dev", "test"):
         path = Path(getattr(cfg.data, key))
         if not path.is_file():
             fail(f"{config_path}: data.{key}: no such file {path}")
         setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
-    if run_dir.exists() and not run_dir.is_dir():
-        fail(f"--out {run_dir}: exists and is not a directory")
-    if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
-        fail(f"--out {run_dir}: holds other files and no run; use a new or empty directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if group.is_main:
+        check_out(run_dir)
+    distributed.start(group, torch_device, peer_timeout)
     try:
-        with DirectoryLock(run_dir):  # one trainer per run directory
-            for leftover in remove_leftovers(run_dir):
-                log.info("removed %s, left by an interrupted write", leftover)
-            resume = (run_dir / checkpoint.LAST).exists()
-            if resume:
-                check_resumable(run_dir, cfg)
-            log.info("run directory %s", run_dir)
-            trainer = Trainer(cfg, run_dir, torch_device, resume=resume)
-            checkpoint.write_config(run_dir, cfg)  # once the run is known to be resumable
+        # Rank 0 alone owns the run directory; the others get what they need from it.
+        with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
+            resume = group.is_main and open_run(run_dir, cfg)
+            trainer = Trainer(cfg, run_dir, torch_device, resume, group)
+            if group.is_main:
+                checkpoint.write_config(run_dir, cfg)  # once the run is known to be resumable
             best = trainer.run()
     except (NonFiniteLoss, RunWriteError) as e:
         fail(str(e))
     except Interrupted as e:
-        typer.echo(
-            f"mtrain: {e}; checkpoint saved in {run_dir}; run the same command to resume",
-            err=True,
-        )
+        if group.is_main:
+            typer.echo(
+                f"mtrain: {e}; checkpoint saved in {run_dir}; run the same command to resume",
+                err=True,
+            )
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
         last = run_dir / checkpoint.LAST
         kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
         typer.echo(f"mtrain: stopped; {kept}", err=True)
         raise typer.Exit(130) from None
-    log.info("best dev BLEU %.2f", best)
-    typer.echo(str(run_dir))
+    except RuntimeError as e:  # torch.distributed's errors: a rank died, hung or disagreed
+        if not group.active:
+            raise
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        fail(f"rank {group.rank}: lost the other training processes ({first_line[:200]})")
+    finally:
+        distributed.stop(group)
+    if group.is_main:
+        log.info("best dev BLEU %.2f", best)
+        typer.echo(str(run_dir))
+
+
+def check_out(run_dir: Path) -> None:
+    """Make the run directory, refusing one that holds anything but a run."""
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--out {run_dir}: exists and is not a directory")
+    if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
+        fail(f"--out {run_dir}: holds other files and no run; use a new or empty directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def open_run(run_dir: Path, cfg: Config) -> bool:
+    """Clean a locked run directory of what a killed run left; return whether to resume."""
+    for leftover in remove_leftovers(run_dir):
+        log.info("removed %s, left by an interrupted write", leftover)
+    resume = (run_dir / checkpoint.LAST).exists()
+    if resume:
+        check_resumable(run_dir, cfg)
+    log.info("run directory %s", run_dir)
+    return resume
 
 
 def load_translator(

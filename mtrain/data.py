@@ -181,9 +181,10 @@ def epoch_batches(
 class BatchStream:
     """Training batches, epoch after epoch, each epoch in a new seeded order.
 
-    Its position (`state_dict`) is the epoch, the batches of it already taken and the generator
-    state its order came from, so a resumed run takes exactly the batches an uninterrupted one
-    would have.
+    It yields each batch as the indices of its examples (`collate` makes the tensors), so that
+    a process can skip the batches another process trains on. Its position (`state_dict`) is
+    the epoch, the batches of it already taken and the generator state its order came from,
+    so a resumed run takes exactly the batches an uninterrupted one would have.
     """
 
     def __init__(self, examples: list[Example], batch_tokens: int, seed: int):
@@ -192,7 +193,7 @@ class BatchStream:
         self.epoch, self.batches_done = 0, 0
         self.epoch_rng_state = None  # generator state this epoch's order came from
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[list[int]]:
         while True:
             if self.epoch_rng_state is None:
                 self.epoch_rng_state = self.rng.getstate()
@@ -202,8 +203,11 @@ class BatchStream:
             while self.batches_done < len(order):
                 indices = order[self.batches_done]
                 self.batches_done += 1
-                yield Batch.collate([self.examples[i] for i in indices])
+                yield indices
             self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
+
+    def collate(self, indices: list[int]) -> Batch:
+        return Batch.collate([self.examples[i] for i in indices])
 
     def state_dict(self) -> dict:
         return {

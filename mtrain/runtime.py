@@ -14,10 +14,15 @@ class DeviceError(ValueError):
     """A device that does not exist here; the message names it."""
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """Return CUDA when present (or when asked for), else the CPU."""
+def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """Return CUDA when present (or when asked for), else the CPU.
+
+    `cuda` without an index is the process's own GPU under torchrun: its LOCAL_RANK.
+    """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -27,7 +32,7 @@ def pick_device(name: str = "auto") -> torch.device:
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise DeviceError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
+            raise DeviceError("--device cuda: no CUDA GPU is available here; use --device cpu")
         if device.index is not None and device.index >= count:
             raise DeviceError(f"--device {name}: this machine has {count} CUDA GPU(s)")
     return device
@@ -37,6 +42,20 @@ def set_seed(seed: int) -> None:
     """Seed Python's, torch's and every CUDA device's generators."""
     random.seed(seed)
     torch.manual_seed(seed)  # seeds CUDA too
+
+
+def rng_state() -> dict:
+    """This process's random generators: Python's, torch's and every CUDA device's."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state: dict) -> None:
+    """Put back the generators `rng_state` returned."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def configure(device: torch.device) -> None:

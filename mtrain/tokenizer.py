@@ -91,6 +91,16 @@ class Tokenizer:
         tgt = spm.SentencePieceProcessor(model_file=str(run_dir / TGT_MODEL))
         return cls(src, tgt)
 
+    @classmethod
+    def from_protos(cls, src: bytes, tgt: bytes) -> Tokenizer:
+        """The tokenizer whose serialised models `protos` returned."""
+        load = spm.SentencePieceProcessor
+        return cls(load(model_proto=src), load(model_proto=tgt))
+
+    def protos(self) -> tuple[bytes, bytes]:
+        """Both models, serialised: what another process needs to rebuild this tokenizer."""
+        return self.src.serialized_model_proto(), self.tgt.serialized_model_proto()
+
     def fingerprint(self) -> str:
         """A hash of both models, stored in checkpoints to catch a swapped tokenizer."""
         digest = hashlib.sha256(self.src.serialized_model_proto())

@@ -9,10 +9,12 @@ import math
 import random
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -28,6 +30,7 @@ from mtrain.data import (
     group_references,
     read_parallel,
 )
+from mtrain.distributed import DistributedError, Group
 from mtrain.evaluate import score
 from mtrain.files import write_atomic
 from mtrain.model import Transformer
@@ -54,6 +57,21 @@ class Interrupted(Exception):
     def __init__(self, step: int):
         super().__init__(f"interrupted at step {step}")
         self.step = step
+
+
+@dataclass
+class Update:
+    """What one process trains on in one optimizer update."""
+
+    batches: list[Batch]  # this process's share: `train.accumulate` batches
+    n_target: int  # target tokens of the whole update, on every process
+    n_tokens: int  # source and target tokens of the whole update, for the tokens/s shown
+
+    @classmethod
+    def of(cls, batches: list[Batch]) -> Update:
+        """An update of one process alone."""
+        n_target = sum(batch.n_target_tokens for batch in batches)
+        return cls(batches, n_target, sum(batch.n_tokens for batch in batches))
 
 
 @dataclass
@@ -91,8 +109,19 @@ def trim_metrics(path: Path, step: int) -> None:
 class Trainer:
     """Trains one run into its directory; knows the model only through forward/encode/decode."""
 
-    def __init__(self, cfg: Config, run_dir: Path, device: torch.device, resume: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        device: torch.device,
+        resume: bool = False,
+        group: Group | None = None,
+    ):
+        """Under torchrun every process builds a Trainer; rank 0 alone reads and writes the run
+        directory, and sends the others the tokenizer and the checkpoint to resume from."""
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
+        self.group = group = group or Group()
+        resume = group.broadcast(resume)
         self.start = time.monotonic()
         tcfg, dcfg = cfg.train, cfg.data
         runtime.set_seed(tcfg.seed)
@@ -106,9 +135,9 @@ class Trainer:
         log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
         # A resumed run must read the same data, or it would not continue the same run.
         self.data_hash = {key: file_fingerprint(Path(getattr(dcfg, key))) for key in DATA_KEYS}
-        if resume:
+        if group.is_main and resume:
             self.tokenizer = Tokenizer.load(run_dir)
-        else:
+        elif group.is_main:
             self.tokenizer = Tokenizer.train(
                 [s for s, _ in train_pairs],
                 [t for _, t in train_pairs],
@@ -118,6 +147,9 @@ class Trainer:
                 run_dir,
                 tcfg.seed,
             )
+        protos = group.broadcast(self.tokenizer.protos() if group.is_main else None)
+        if not group.is_main:
+            self.tokenizer = Tokenizer.from_protos(*protos)
         self.tokenizer_hash = self.tokenizer.fingerprint()
         self.train_examples = encode_pairs(
             self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len
@@ -143,52 +175,80 @@ class Trainer:
         self.stop_requested = False
         self.saved_step: int | None = None  # the step last.pt holds
         if resume:
-            self.restore(checkpoint.load(run_dir / checkpoint.LAST))
+            self.restore(group.broadcast(checkpoint.load(run_dir / checkpoint.LAST)))
             self.saved_step = self.step
-            trim_metrics(run_dir / checkpoint.METRICS, self.step)
             log.info("resuming %s at step %d", run_dir, self.step)
+        elif group.rank:  # the same initial weights everywhere, other dropout masks
+            torch.manual_seed(tcfg.seed + group.rank)
+        if group.is_main:
+            trim_metrics(run_dir / checkpoint.METRICS, self.step)
+        # The network the updates run through: under torchrun, DDP all-reduces its gradients.
+        self.net = DistributedDataParallel(self.model) if group.active else self.model
 
     def minutes(self) -> float:
         return self.minutes_before + (time.monotonic() - self.start) / 60
 
     def updates(self):
-        """Yield the batches of each optimizer update, `train.accumulate` at a time."""
-        batches = iter(self.stream)
-        while True:
-            yield [next(batches) for _ in range(self.cfg.train.accumulate)]
+        """Yield this process's share of each optimizer update.
 
-    def train_step(self, batches: list[Batch]) -> float | None:
-        """One optimizer update from the summed gradients of `batches`.
+        An update is the next `world_size × accumulate` batches of the batch stream, which is
+        the same on every process; process r trains on the r-th `accumulate` of them. So an
+        update holds the same sentences whatever the number of processes, and updates run
+        across epoch ends as they do in one process: no process ever runs short of batches.
+        """
+        accumulate, group = self.cfg.train.accumulate, self.group
+        mine = slice(group.rank * accumulate, (group.rank + 1) * accumulate)
+        stream = iter(self.stream)
+        while True:
+            indices = [next(stream) for _ in range(group.world_size * accumulate)]
+            # Counted on the host from the lengths: no wait for a GPU, no exchange between ranks.
+            examples = [self.train_examples[i] for batch in indices for i in batch]
+            n_target = sum(len(ex.tgt) + 1 for ex in examples)
+            n_source = sum(len(ex.src) for ex in examples)
+            yield Update(
+                [self.stream.collate(b) for b in indices[mine]], n_target, n_source + n_target
+            )
+
+    def train_step(self, update: Update) -> float | None:
+        """One optimizer update from the summed gradients of the update's batches.
 
         Returns the mean loss per target token, or None when the update was skipped (out of
         memory, or a non-finite loss with `train.skip_nonfinite`).
         """
         self.model.train()
-        # Counted on the host: on a GPU, counting would wait for the non-blocking copies.
-        n_target = sum(batch.n_target_tokens for batch in batches)
-        batches = [batch.to(self.device) for batch in batches]
+        batches = [batch.to(self.device) for batch in update.batches]
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
+        total = torch.zeros((), device=self.device)
         try:
-            for batch in batches:
-                with runtime.autocast(self.device, self.amp_dtype):
-                    logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
-                loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing, "sum")
-                loss = loss / n_target  # every token weighs the same across the batches
-                if not torch.isfinite(loss):
-                    if not self.cfg.train.skip_nonfinite:
-                        raise NonFiniteLoss(
-                            f"step {self.step + 1}: the loss is {loss.item()}; training stopped; "
-                            f"{self.kept()}"
-                        )
-                    return self._skip(batch, f"loss is {loss.item()}")
-                self.scaler.scale(loss).backward()
-                total += loss.item()
+            for i, batch in enumerate(batches):
+                # DDP all-reduces the gradients in the backward of the last batch only.
+                last = i == len(batches) - 1
+                with nullcontext() if last or not self.group.active else self.net.no_sync():
+                    with runtime.autocast(self.device, self.amp_dtype):
+                        logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
+                    loss = loss_fn(logits, batch.tgt_out, self.cfg.train.label_smoothing, "sum")
+                    loss = loss / update.n_target  # every token of the update weighs the same
+                    if self.group.active:  # DDP averages the ranks' gradients: undo the mean
+                        loss = loss * self.group.world_size
+                    self.scaler.scale(loss).backward()
+                total += loss.detach()
         except torch.cuda.OutOfMemoryError:
+            if self.group.active:  # the other ranks are already waiting for this one
+                raise DistributedError(f"rank {self.group.rank}: out of memory") from None
             self.optimizer.zero_grad(set_to_none=True)  # drop partial gradients
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            return self._skip(batch, "out of memory")
+            return self._skip(update, "out of memory")
+        # Every rank sees the same total, so every rank takes the same decision below.
+        mean_loss = self.group.sum(total).item() / self.group.world_size
+        if not math.isfinite(mean_loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            if not self.cfg.train.skip_nonfinite:
+                raise NonFiniteLoss(
+                    f"step {self.step + 1}: the loss is {mean_loss}; training stopped; "
+                    f"{self.kept()}"
+                )
+            return self._skip(update, f"loss is {mean_loss}")
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.train.clip_norm, foreach=True
@@ -197,17 +257,18 @@ class Trainer:
         self.scaler.update()
         self.scheduler.step()
         self.step += 1
-        return total
+        return mean_loss
 
-    def _skip(self, batch: Batch, reason: str) -> None:
+    def _skip(self, update: Update, reason: str) -> None:
         self.skipped += 1
+        shapes = ", ".join(
+            f"{b.src.size(0)}×({b.src.size(1)}, {b.tgt_in.size(1)})" for b in update.batches
+        )
         log.warning(
-            "step %d: skipped a batch of %d sentences (source length %d, target length %d): %s; "
+            "step %d: skipped the update (sentences × (source, target) lengths: %s): %s; "
             "%d skipped so far",
             self.step + 1,
-            batch.src.size(0),
-            batch.src.size(1),
-            batch.tgt_in.size(1),
+            shapes,
             reason,
             self.skipped,
         )
@@ -230,8 +291,9 @@ class Trainer:
         scores = score(hyps, self.dev_refs, self.cfg.data.tgt_lang)
         return Validation(self.step, self.minutes(), total / tokens, scores.bleu, scores.chrf)
 
-    def state(self) -> dict:
-        """Everything a resumed run needs to continue exactly where this one is."""
+    def state(self, rng: list[dict]) -> dict:
+        """Everything a resumed run needs to continue exactly where this one is; `rng` holds
+        every rank's random generators."""
         return {
             "model": self.model.state_dict(),
             "tokenizer": self.tokenizer_hash,
@@ -241,9 +303,7 @@ class Trainer:
             "step": self.step,
             "data": self.data_hash,
             **self.stream.state_dict(),
-            "python_rng_state": random.getstate(),
-            "torch_rng_state": torch.get_rng_state(),
-            "cuda_rng_states": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "rng": rng,
             "best_bleu": self.best_bleu,
             "stale": self.stale,
             "skipped": self.skipped,
@@ -267,10 +327,13 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
             self.step = state["step"]
             self.stream.load_state_dict(state)
-            random.setstate(state["python_rng_state"])
-            torch.set_rng_state(state["torch_rng_state"])
-            if state["cuda_rng_states"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda_rng_states"])
+            rng = state["rng"]
+            if len(rng) != self.group.world_size:
+                raise checkpoint.CheckpointError(
+                    f"{last}: written by {len(rng)} training process(es), not "
+                    f"{self.group.world_size}; resume with as many (or train into another --out)"
+                )
+            runtime.set_rng_state(rng[self.group.rank])
             self.best_bleu, self.stale = state["best_bleu"], state["stale"]
             self.minutes_before = state["minutes"]
             self.skipped = state["skipped"]
@@ -286,17 +349,17 @@ class Trainer:
             return f"no checkpoint was written in {self.run_dir} yet"
         return f"{self.run_dir / checkpoint.LAST} (step {self.saved_step}) is intact"
 
-    def save(self, name: str) -> None:
-        checkpoint.save(self.run_dir / name, self.state())
+    def save(self, name: str, rng: list[dict]) -> None:
+        checkpoint.save(self.run_dir / name, self.state(rng))
         if name == checkpoint.LAST:
             self.saved_step = self.step
 
-    def checkpoint_and_log(self, val: Validation, metrics_file) -> None:
+    def checkpoint_and_log(self, val: Validation, metrics_file, rng: list[dict]) -> None:
         improved = val.dev_bleu > self.best_bleu
         self.best_bleu = max(self.best_bleu, val.dev_bleu)
         self.stale = 0 if improved else self.stale + 1
         last = self.run_dir / checkpoint.LAST
-        self.save(checkpoint.LAST)
+        self.save(checkpoint.LAST, rng)
         if improved:
             checkpoint.save_copy(last, self.run_dir / checkpoint.BEST)
         if self.cfg.train.keep_last:
@@ -344,34 +407,55 @@ class Trainer:
         if self.stop_requested:  # second Ctrl-C: stop at once; checkpoints are written atomically
             raise KeyboardInterrupt
         self.stop_requested = True
-        log.warning(
-            "%s: saving a checkpoint after this step (again to stop at once)",
-            signal.Signals(signum).name,
-        )
+        if self.group.is_main:
+            log.warning(
+                "%s: saving a checkpoint after this step (again to stop at once)",
+                signal.Signals(signum).name,
+            )
+
+    def next_action(self, stop: bool) -> str:
+        """What every rank does after this update, as rank 0 decides: "go" on, "validate"
+        (and checkpoint), validate for the last time ("final"), or save and "interrupt"."""
+        if self.stop_requested:
+            action = "interrupt"
+        elif stop:
+            action = "final"
+        else:
+            action = "validate" if self.step % self.cfg.train.eval_every == 0 else "go"
+        return self.group.broadcast(action)
 
     def run(self) -> float:
         """Train until max_steps or the time budget; return the best dev BLEU.
 
         SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
+        Under torchrun, rank 0 decides when to validate and stop, and tells the others.
         """
-        tcfg = self.cfg.train
+        tcfg, main = self.cfg.train, self.group.is_main
         budget = tcfg.max_minutes or math.inf
         reserve = 0.0  # minutes the last validation took: keep room for a final one
         window_tokens, window_start = 0, time.monotonic()
         # Under a time budget the step count is unknown: show no misleading ETA.
         total = None if tcfg.max_minutes else tcfg.max_steps
-        bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            total=total,
+            initial=self.step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not main,
+        )
         metrics_path = self.run_dir / checkpoint.METRICS
         handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
-            with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
-                for batches in self.updates():
+            metrics_file = metrics_path.open("a", encoding="utf-8") if main else nullcontext()
+            with metrics_file as metrics, logging_redirect_tqdm():
+                for update in self.updates():
                     if self.step >= tcfg.max_steps:
                         break
-                    loss = self.train_step(batches)
+                    loss = self.train_step(update)
                     if loss is None:
                         continue
-                    window_tokens += sum(batch.n_tokens for batch in batches)
+                    window_tokens += update.n_tokens  # of all processes
                     bar.update(1)
                     if self.step % 10 == 0:
                         now = time.monotonic()
@@ -381,22 +465,29 @@ class Trainer:
                             tok_s=f"{window_tokens / (now - window_start):.0f}",
                         )
                         window_tokens, window_start = 0, now
-                    if self.stop_requested:
-                        self.save(checkpoint.LAST)
-                        raise Interrupted(self.step)
                     stop = self.step >= tcfg.max_steps or self.minutes() + reserve >= budget
-                    if stop or self.step % tcfg.eval_every == 0:
+                    action = self.next_action(stop)
+                    if action == "go":
+                        continue
+                    rng = self.group.gather(runtime.rng_state())  # for the checkpoint
+                    if action == "interrupt":
+                        if main:
+                            self.save(checkpoint.LAST, rng)
+                        raise Interrupted(self.step)
+                    if main:
                         began = self.minutes()
-                        self.checkpoint_and_log(self.validate(), metrics)
+                        self.checkpoint_and_log(self.validate(), metrics, rng)
                         # Keep room for a final validation, and one of the averaged model.
                         reserve = (self.minutes() - began) * (2 if tcfg.average_last else 1)
                         window_tokens, window_start = 0, time.monotonic()
-                    if tcfg.patience and self.stale >= tcfg.patience:
+                    patience_out = self.group.broadcast(
+                        bool(tcfg.patience) and self.stale >= tcfg.patience
+                    )
+                    if patience_out:
                         log.info("no better dev BLEU in %d validations: stopping", self.stale)
+                    if patience_out or action == "final":
                         break
-                    if stop:
-                        break
-                if tcfg.average_last:
+                if tcfg.average_last and main:
                     self.average(metrics)
         except OSError as e:  # a full disk, a file system gone read-only
             where = e.filename or f"into {self.run_dir}"

@@ -121,9 +121,9 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(args.steps):
-        batches = next(updates)
-        trainer.train_step(batches)
-        timed += batches
+        update = next(updates)
+        trainer.train_step(update)
+        timed += update.batches
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start

@@ -6,7 +6,7 @@ import torch
 from mtrain import checkpoint, config
 from mtrain.data import Batch
 from mtrain.tokenizer import PAD_ID
-from mtrain.train import Trainer, Validation
+from mtrain.train import Trainer, Update, Validation
 
 from .synthetic import REPO, overrides, small_config
 
@@ -21,11 +21,11 @@ def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path
         return Trainer(cfg, tmp_path / name, CPU)
 
     accumulating, whole = trainer("accumulate", 3), trainer("whole", 1)
-    batches = next(accumulating.updates())
-    assert len(batches) == 3
-    examples = [whole.train_examples[i] for i in _indices(accumulating, batches)]
-    loss_parts = accumulating.train_step(batches)
-    loss_whole = whole.train_step([Batch.collate(examples)])
+    update = next(accumulating.updates())
+    assert len(update.batches) == 3
+    examples = [whole.train_examples[i] for i in _indices(accumulating, update.batches)]
+    loss_parts = accumulating.train_step(update)
+    loss_whole = whole.train_step(Update.of([Batch.collate(examples)]))
     assert loss_parts == pytest.approx(loss_whole, rel=1e-5)
     for (name, a), b in zip(accumulating.model.named_parameters(), whole.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
