@@ -12,6 +12,9 @@ untimed warm-up steps, and prints:
   measures before and after training (the better of the two), in the precision training
   computes in (fp32, or bf16 under autocast);
 - peak resident memory of the process (and peak CUDA memory on a GPU).
+
+Under `torchrun --nproc_per_node N scripts/bench_train.py ...` every process trains its share
+of each update (DDP), and rank 0 prints each rank's tokens/s and their total.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from mtrain import config, runtime
+from mtrain import config, distributed, runtime
 from mtrain.config import Config
 from mtrain.data import Batch, epoch_batches
 from mtrain.tokenizer import PAD_ID
@@ -52,7 +55,7 @@ def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:
     )
 
 
-def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, dtype) -> float:
+def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, dtype, say) -> float:
     """The best FLOP/s of (m×k)·(k×n) multiplies of the given shapes, each timed for ~1 s."""
     best = 0.0
     for m, k, n in shapes:
@@ -68,7 +71,7 @@ def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, dtype)
             if device.type == "cuda":
                 torch.cuda.synchronize()
         flops = 2 * m * k * n * runs / (time.perf_counter() - start)
-        print(f"matmul {m}x{k}x{n} {str(dtype).removeprefix('torch.')}: {flops / 1e9:,.0f} GFLOP/s")
+        say(f"matmul {m}x{k}x{n} {str(dtype).removeprefix('torch.')}: {flops / 1e9:,.0f} GFLOP/s")
         best = max(best, flops)
     return best
 
@@ -92,12 +95,16 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = config.load(args.config, args.set)
-    device = runtime.pick_device(args.device)
+    group = distributed.from_env()
+    device = runtime.pick_device(args.device, group.local_rank)
+    distributed.start(group, device, timeout_minutes=10)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, Path(tmp), device)
+        trainer = Trainer(cfg, Path(tmp), device, group=group)
     dtype = trainer.amp_dtype or torch.float32
-    print(
+    say = print if group.is_main else lambda *a: None
+    say(
         f"{args.config}: device {device}, {torch.get_num_threads()} threads, computing in {dtype}"
+        + (f", {group.world_size} processes (DDP)" if group.active else "")
     )
 
     tokens = cfg.train.batch_tokens // 2
@@ -105,7 +112,7 @@ def main() -> None:
     shapes = [(tokens, d, f), (tokens, f, d), (2048, 2048, 2048)]
     if device.type == "cuda":  # a GPU reaches its peak only on larger products
         shapes.append((8192, 8192, 8192))
-    peak = matmul_peak(shapes, device, dtype)  # measured again after training: the best counts
+    peak = matmul_peak(shapes, device, dtype, say)  # measured again after training: the best
 
     epoch = epoch_batches(trainer.train_examples, cfg.train.batch_tokens, random.Random(0))
     epoch_padding = padding_fraction(epoch)
@@ -128,7 +135,7 @@ def main() -> None:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
 
-    peak = max(peak, matmul_peak(shapes, device, dtype))
+    peak = max(peak, matmul_peak(shapes, device, dtype, say))
     vocab = trainer.tokenizer.tgt_vocab_size
     n_tokens = sum(b.n_tokens for b in timed)
     flops = 3 * sum(
@@ -136,20 +143,24 @@ def main() -> None:
         for b in timed
         for s, t in zip((b.src != PAD_ID).sum(1), (b.tgt_out != PAD_ID).sum(1))
     )
+    per_rank = group.gather(n_tokens / seconds)
     achieved = flops / seconds
-    print(f"warm-up: {args.warmup} updates in {warmup_s:.1f} s")
-    print(f"timed: {args.steps} updates ({len(timed)} batches) in {seconds:.1f} s")
-    print(f"updates/s: {args.steps / seconds:.2f}")
-    print(f"tokens/s (source + target, non-padding): {n_tokens / seconds:,.0f}")
-    print(f"padding fraction: {padding_fraction(timed):.1%} timed, {epoch_padding:.1%} epoch")
-    print(f"model FLOPs per token (training): {flops / n_tokens / 1e6:.1f} M")
-    print(f"achieved: {achieved / 1e9:,.1f} GFLOP/s")
-    print(f"matmul peak ({str(dtype).removeprefix('torch.')}): {peak / 1e9:,.0f} GFLOP/s")
-    print(f"MFU: {achieved / peak:.1%}")
+    say(f"warm-up: {args.warmup} updates in {warmup_s:.1f} s")
+    say(f"timed: {args.steps} updates ({len(timed)} batches) in {seconds:.1f} s")
+    say(f"updates/s: {args.steps / seconds:.2f}")
+    if group.active:
+        say("tokens/s per rank: " + ", ".join(f"{t:,.0f}" for t in per_rank))
+    say(f"tokens/s (source + target, non-padding): {sum(per_rank):,.0f}")
+    say(f"padding fraction: {padding_fraction(timed):.1%} timed, {epoch_padding:.1%} epoch")
+    say(f"model FLOPs per token (training): {flops / n_tokens / 1e6:.1f} M")
+    say(f"achieved{' (rank 0)' if group.active else ''}: {achieved / 1e9:,.1f} GFLOP/s")
+    say(f"matmul peak ({str(dtype).removeprefix('torch.')}): {peak / 1e9:,.0f} GFLOP/s")
+    say(f"MFU{' (rank 0)' if group.active else ''}: {achieved / peak:.1%}")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak resident memory: {rss_mb:,.0f} MB")
+    say(f"peak resident memory{' (rank 0)' if group.active else ''}: {rss_mb:,.0f} MB")
     if device.type == "cuda":
-        print(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**20:,.0f} MB")
+        say(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**20:,.0f} MB")
+    distributed.stop(group)
 
 
 if __name__ == "__main__":
