@@ -87,16 +87,23 @@ def source_ids(pieces: list[int], max_src_len: int) -> list[int]:
 
 
 def encode_pairs(
-    tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_src_len: int, max_tgt_len: int
+    tokenizer: Tokenizer,
+    pairs: list[tuple[str, str]],
+    max_src_len: int,
+    max_tgt_len: int,
+    drop_long: bool = False,
 ) -> list[Example]:
-    """Encode pairs, drop those with an empty side and truncate to the maximum lengths."""
+    """Encode pairs, drop those with an empty side, and fit the rest to the maximum lengths:
+    truncate them, or drop them with `drop_long` (for training: a truncated target still ends
+    in </s>, which would teach the model to stop early)."""
     pairs = [(s, t) for s, t in pairs if s and t]
     srcs = tokenizer.encode_src([s for s, _ in pairs])
     tgts = tokenizer.encode_tgt([t for _, t in pairs])
-    # tgt_in and tgt_out each add one token (<s> or </s>) to the pieces.
+    # The source gains </s>; tgt_in and tgt_out each add one token (<s> or </s>) to the pieces.
     return [
         Example(source_ids(src, max_src_len), tgt[: max_tgt_len - 1])
         for src, tgt in zip(srcs, tgts)
+        if not (drop_long and (len(src) >= max_src_len or len(tgt) >= max_tgt_len))
     ]
 
 

@@ -71,6 +71,8 @@ def start(group: Group, device: torch.device, timeout_minutes: float) -> None:
     if not group.active:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":  # NCCL exchanges objects through the current device
+        torch.cuda.set_device(device)
     dist.init_process_group(
         backend,
         rank=group.rank,

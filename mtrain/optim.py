@@ -11,12 +11,16 @@ from mtrain.config import TrainConfig
 from mtrain.tokenizer import PAD_ID
 
 
-def lr_factor(step: int, warmup_steps: int) -> float:
-    """Linear warmup to 1 over `warmup_steps`, then inverse-square-root decay."""
-    step = max(step, 1)
-    if step < warmup_steps:
-        return step / warmup_steps
-    return math.sqrt(max(warmup_steps, 1) / step)
+def lr_factor(updates_done: int, warmup_steps: int) -> float:
+    """The learning-rate factor of update number `updates_done + 1`: a linear warmup to 1 at
+    update `warmup_steps`, then inverse-square-root decay.
+
+    LambdaLR calls this with the count of scheduler steps taken so far (0 for the first update).
+    """
+    update = updates_done + 1
+    if update < warmup_steps:
+        return update / warmup_steps
+    return math.sqrt(max(warmup_steps, 1) / update)
 
 
 def loss_fn(

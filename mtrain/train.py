@@ -152,8 +152,16 @@ class Trainer:
             self.tokenizer = Tokenizer.from_protos(*protos)
         self.tokenizer_hash = self.tokenizer.fingerprint()
         self.train_examples = encode_pairs(
-            self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len
+            self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len, drop_long=True
         )
+        too_long = sum(1 for s, t in train_pairs if s and t) - len(self.train_examples)
+        if not self.train_examples:
+            raise DataError(f"{dcfg.train}: every pair is longer than data.max_src_len/max_tgt_len")
+        if too_long:
+            log.info(
+                "dropped %d training pairs longer than data.max_src_len/max_tgt_len tokens",
+                too_long,
+            )
         self.dev_examples = encode_pairs(
             self.tokenizer, dev_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )

@@ -113,6 +113,17 @@ def test_truncation_to_maximum_lengths(tokenizer):
     assert batch.tgt_in.shape[1] == 5 and batch.tgt_out[0, -1] == EOS_ID
 
 
+def test_over_long_training_pairs_are_dropped_not_truncated(tokenizer):
+    pairs = [("一二", "one two"), ("一二三" * 20, "one"), ("一", " ".join(["one two"] * 20))]
+    kept = encode_pairs(tokenizer, pairs, max_src_len=8, max_tgt_len=5, drop_long=True)
+    assert len(kept) == 1
+    (ex,) = kept
+    assert len(ex.src) <= 8 and len(ex.tgt) + 1 <= 5
+    assert ex.tgt == tokenizer.encode_tgt(["one two"])[0]  # whole, not cut
+    fits = encode_pairs(tokenizer, pairs[:1], max_src_len=8, max_tgt_len=5, drop_long=True)
+    assert fits == encode_pairs(tokenizer, pairs[:1], max_src_len=8, max_tgt_len=5)
+
+
 def test_empty_pairs_are_dropped(tokenizer):
     assert len(encode_pairs(tokenizer, [("", "one"), ("一", ""), ("一", "one")], 8, 8)) == 1
 

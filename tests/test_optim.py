@@ -3,17 +3,29 @@ import itertools
 import pytest
 import torch
 
-from mtrain.optim import loss_fn, lr_factor
+from mtrain.config import TrainConfig
+from mtrain.optim import build_optimizer, loss_fn, lr_factor
 from mtrain.tokenizer import PAD_ID
 
 
 def test_lr_warms_up_then_decays():
-    factors = [lr_factor(s, 100) for s in range(1, 1000)]
+    factors = [lr_factor(done, 100) for done in range(999)]  # updates 1 to 999
     assert factors[0] == pytest.approx(0.01)
     assert max(factors) == pytest.approx(1.0) and factors.index(max(factors)) == 99
     assert all(a < b for a, b in itertools.pairwise(factors[:100]))
     assert all(a > b for a, b in itertools.pairwise(factors[99:]))
-    assert lr_factor(400, 100) == pytest.approx(0.5)
+    assert lr_factor(399, 100) == pytest.approx(0.5)
+
+
+def test_every_warmup_update_gets_its_own_learning_rate():
+    model = torch.nn.Linear(2, 2)
+    optimizer, schedule = build_optimizer(model, TrainConfig(lr=1.0, warmup_steps=4))
+    rates = []
+    for _ in range(6):
+        rates.append(optimizer.param_groups[0]["lr"])  # the rate this update uses
+        optimizer.step()
+        schedule.step()
+    assert rates == pytest.approx([0.25, 0.5, 0.75, 1.0, (4 / 5) ** 0.5, (4 / 6) ** 0.5])
 
 
 def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
