@@ -335,7 +335,13 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
             self.step = state["step"]
             self.stream.load_state_dict(state)
-            rng = state["rng"]
+            rng = state.get("rng") or [  # written before mtrain trained under torchrun
+                {
+                    "python": state["python_rng_state"],
+                    "torch": state["torch_rng_state"],
+                    "cuda": state["cuda_rng_states"],
+                }
+            ]
             if len(rng) != self.group.world_size:
                 raise checkpoint.CheckpointError(
                     f"{last}: written by {len(rng)} training process(es), not "
