@@ -87,10 +87,11 @@ def _beam_step(step: TraceStep, tokenizer: Tokenizer) -> list[str]:
         lines.append(f"  [{j}] {log_prob:8.4f}  {_pieces(tokenizer, tokens)}")
     lines.append("  their best extensions, best first: + piece, its log-probability, the sum")
     for c in step.candidates:
-        fate = FATES[c.fate]
         if c.fate == "finished":
             how = "with </s>" if c.token == EOS_ID else "at the length limit"
             fate = f"finished {how}: score {c.score:.4f} after the length penalty"
+        else:
+            fate = FATES[c.fate]
         piece = tokenizer.tgt.id_to_piece(c.token)
         own = c.log_prob - step.log_probs[c.origin]
         lines.append(f"  [{c.origin}] + {piece:<12} {own:8.4f} {c.log_prob:9.4f}  {fate}")

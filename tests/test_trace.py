@@ -15,10 +15,14 @@ VOCAB = 20
 
 
 def model_ending_early(eos_bias: float, seed: int = 0):
-    """A random model; a larger `eos_bias` makes it end sentences with </s> sooner."""
+    """A random model; a larger `eos_bias` makes it end sentences with </s> sooner.
+
+    It never outputs <pad>, which a teacher-forced pass would take for padding and hide.
+    """
     model = small_model(VOCAB, VOCAB, seed=seed)
     with torch.no_grad():
         model.output_projection.bias[EOS_ID] += eos_bias
+        model.output_projection.bias[PAD_ID] = -1e4
     return model
 
 
