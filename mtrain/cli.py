@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -248,23 +248,21 @@ def read_line(prompt: str) -> str:
     return input()
 
 
-def prompt_loop(handle: Callable[[str], None], read: Callable[[str], str] = read_line) -> None:
-    """Hand each line typed at a prompt to `handle`, until end of input (Ctrl-D).
-
-    Ctrl-C abandons the line being typed or translated and prompts again.
-    """
+def typed_lines(read: Callable[[str], str] = read_line) -> Iterator[str]:
+    """Non-empty lines typed at a prompt, until end of input (Ctrl-D); Ctrl-C clears the line."""
     with contextlib.suppress(ImportError):  # not on every platform; input() works without it
         import readline  # noqa: F401  gives input() line editing and history
     while True:
         try:
             line = read(PROMPT).strip()
-            if line:
-                handle(line)
         except EOFError:
             typer.echo(err=True)
             return
         except KeyboardInterrupt:
             typer.echo(err=True)
+            continue
+        if line:
+            yield line
 
 
 @app.command()
@@ -341,43 +339,29 @@ def translate(
             attention.mkdir(parents=True, exist_ok=True)
     except (CheckpointError, OSError) as e:
         fail(str(e))
-    out = output.open("w", encoding="utf-8") if output else sys.stdout
-    trace_k_or_none = trace_k if trace else None
     if interactive:
-        counter = iter(range(sys.maxsize))
-
-        def handle(line: str) -> None:
-            number = next(counter)
-            translations = inspect_line(translator, line, number, trace_k_or_none, attention)
-            write_translations(out, number, translations, nbest)
-            out.flush()
-
-        search = "greedy search" if translator.decode.beam_size == 1 else "beam search"
-        log.info(
-            "translating %s→%s with %s (%s, beam %d); Ctrl-D leaves",
-            cfg.data.src_lang,
-            cfg.data.tgt_lang,
-            run_dir,
-            search,
-            translator.decode.beam_size,
-        )
-        prompt_loop(handle)
-        if output:
-            out.close()
-        return
-    lines = texts if texts else (line.rstrip("\r\n") for line in (stream or sys.stdin))
-    if trace or attention:  # one sentence at a time, each traced as it is translated
+        beam_size, data = translator.decode.beam_size, cfg.data
+        languages = f"{data.src_lang}→{data.tgt_lang}"
+        log.info("translating %s with %s, beam %d; Ctrl-D leaves", languages, run_dir, beam_size)
+        lines = typed_lines()
+    else:
+        lines = texts if texts else (line.rstrip("\r\n") for line in (stream or sys.stdin))
+    one_by_one = trace or attention or interactive  # each line shown as soon as it is done
+    if one_by_one:
+        trace_k_or_none = trace_k if trace else None
         results = (
             inspect_line(translator, line, number, trace_k_or_none, attention)
             for number, line in enumerate(lines)
         )
     else:
         results = translator.stream(lines)
-    progress = tqdm(desc="translate", unit=" lines", disable=not (input_path or output))
+    out = output.open("w", encoding="utf-8") if output else sys.stdout
+    bar = (input_path or output) and not interactive
+    progress = tqdm(desc="translate", unit=" lines", disable=not bar)
     try:
         for number, translations in enumerate(results):
             write_translations(out, number, translations, nbest)
-            if trace or attention:
+            if one_by_one:
                 out.flush()
             progress.update(1)
     except UnicodeDecodeError as e:
@@ -385,6 +369,9 @@ def translate(
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo(err=True)
+        raise typer.Exit(130) from None
     finally:
         progress.close()
         if output:

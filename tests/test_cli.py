@@ -274,11 +274,11 @@ def test_attention_maps_are_written_per_sentence(run_dir, tmp_path):
     )
 
 
-def test_prompt_loop_hands_over_each_line_until_end_of_input():
-    from mtrain.cli import PROMPT, prompt_loop
+def test_typed_lines_are_those_typed_until_end_of_input():
+    from mtrain.cli import PROMPT, typed_lines
 
     typed = iter(["我是谁", "", "  今天是星期二 ", KeyboardInterrupt, "他不会说英语。"])
-    prompts, seen = [], []
+    prompts = []
 
     def read(prompt):
         prompts.append(prompt)
@@ -287,8 +287,7 @@ def test_prompt_loop_hands_over_each_line_until_end_of_input():
             raise line
         return line
 
-    prompt_loop(seen.append, read)
-    assert seen == ["我是谁", "今天是星期二", "他不会说英语。"]
+    assert list(typed_lines(read)) == ["我是谁", "今天是星期二", "他不会说英语。"]
     assert prompts == [PROMPT] * 6
 
 
