@@ -103,7 +103,7 @@ KINDS = {  # file name: (title, what the rows and columns are)
 
 def figure_size(n_layers: int, n_heads: int, rows: int, cols: int) -> tuple[float, float]:
     """Inches of a grid of n_layers x (n_heads + 1) heatmaps of rows x cols cells."""
-    width = (n_heads + 1) * (max(cols, 3) * CELL + 0.3) + 1.2
+    width = (n_heads + 1) * (max(cols, 3) * CELL + 0.3) + 2.0
     height = n_layers * (max(rows, 3) * CELL + 0.5) + 1.6
     return width, height
 
@@ -139,23 +139,25 @@ def save_figures(
         for layer, weights in enumerate(layers):
             panels = [*weights, weights.mean(dim=0)]  # each head, then their mean
             for head, (ax, w) in enumerate(zip(grid[layer], panels)):
-                _heatmap(ax, w, rows, cols, first=head == 0, last=layer == len(layers) - 1)
+                image = _heatmap(ax, w, rows, cols, head == 0, layer == len(layers) - 1)
                 what = f"head {head + 1}" if head < n_heads else "mean of heads"
                 ax.set_title(f"layer {layer + 1}, {what}", fontsize=8)
+        fig.colorbar(image, ax=grid, shrink=0.8, aspect=30, label="attention weight")
         path = stem.with_name(f"{stem.name}-{kind}.png")
         fig.savefig(path)
         paths.append(path)
     return paths
 
 
-def _heatmap(ax, weights: torch.Tensor, rows: list[str], cols: list[str], first, last) -> None:
+def _heatmap(ax, weights: torch.Tensor, rows: list[str], cols: list[str], first, last):
     """One (rows, cols) panel of weights in [0, 1], exact zeros (masked keys) in grey."""
     import matplotlib as mpl
     import numpy as np
 
     cmap = mpl.colormaps["viridis"].with_extremes(bad="#d0d0d0")
     values = weights.numpy()
-    ax.imshow(np.ma.masked_equal(values, 0.0), cmap=cmap, vmin=0.0, vmax=1.0)
+    image = ax.imshow(np.ma.masked_equal(values, 0.0), cmap=cmap, vmin=0.0, vmax=1.0)
     ax.set_xticks(range(len(cols)), cols if last else [], rotation=90, fontsize=8)
     ax.set_yticks(range(len(rows)), rows if first else [], fontsize=8)
     ax.tick_params(length=0)
+    return image
