@@ -155,7 +155,7 @@ def _heatmap(ax, weights: torch.Tensor, rows: list[str], cols: list[str], first,
     import numpy as np
 
     cmap = mpl.colormaps["viridis"].with_extremes(bad="#d0d0d0")
-    values = weights.numpy()
+    values = weights.cpu().numpy()
     image = ax.imshow(np.ma.masked_equal(values, 0.0), cmap=cmap, vmin=0.0, vmax=1.0)
     ax.set_xticks(range(len(cols)), cols if last else [], rotation=90, fontsize=8)
     ax.set_yticks(range(len(rows)), rows if first else [], fontsize=8)

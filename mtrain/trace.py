@@ -40,7 +40,8 @@ class Tracer:
 
     def _greedy(self, event: GreedyStep) -> None:
         probs, ids = event.log_probs.exp().topk(min(self.k, event.log_probs.size(-1)))  # (b, k)
-        chosen = event.log_probs.gather(1, torch.tensor(event.chosen)[:, None])[:, 0]  # (b,)
+        picked = torch.tensor(event.chosen, device=event.log_probs.device)
+        chosen = event.log_probs.gather(1, picked[:, None])[:, 0]  # (b,)
         for i, row in enumerate(event.rows):
             steps = self.steps.setdefault(row, [])
             so_far = steps[-1].log_probs[0] + steps[-1].chosen_log_prob if steps else 0.0
