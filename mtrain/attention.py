@@ -27,13 +27,11 @@ class AttentionMaps:
     cross: list[torch.Tensor]  # (h, T, S): output pieces over source pieces
 
 
-def _grow(history: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+def _grow(history: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Append one query row (b, h, 1, t) to a history (b, h, t - 1, t - 1): (b, h, t, t).
 
     The keys of positions not decoded yet never existed; their weights are exactly 0.
     """
-    if history is None:
-        return rows
     return torch.cat([F.pad(history, (0, rows.size(-1) - history.size(-1))), rows], dim=2)
 
 
@@ -56,17 +54,18 @@ class AttentionRecorder:
 
     def __call__(self, event: GreedyStep | BeamStep) -> None:
         weights = self.model.attention_weights()
+        # The newest position's query row: all the decoder computed, when it uses its cache.
+        newest = {
+            kind: [w[:, :, -1:].float() for w in weights[kind]] for kind in ("cross", "decoder")
+        }
         if not self.encoder:  # the first step: the encoder ran once, just before it
             if weights["encoder"][0].size(0) != 1:
                 raise ValueError("AttentionRecorder follows a search over one sentence")
             self.encoder = [w[0].float() for w in weights["encoder"]]
-            self.cross = [w.float() for w in weights["cross"]]
-            self.decoder = [w.float() for w in weights["decoder"]]
+            self.cross, self.decoder = newest["cross"], newest["decoder"]
         else:
-            self.cross = [
-                torch.cat([h, w.float()], 2) for h, w in zip(self.cross, weights["cross"])
-            ]
-            self.decoder = [_grow(h, w.float()) for h, w in zip(self.decoder, weights["decoder"])]
+            self.cross = [torch.cat([h, w], dim=2) for h, w in zip(self.cross, newest["cross"])]
+            self.decoder = [_grow(h, w) for h, w in zip(self.decoder, newest["decoder"])]
         if isinstance(event, BeamStep):
             self._beam(event)
 

@@ -77,13 +77,13 @@ def check_maps_equal_teacher_forcing(model, src_row, maps, out_ids):
 SOURCES = [[5, 9, 12, 7, 19, 8, EOS_ID], [6, 6, 8, EOS_ID], [13, 4, EOS_ID]]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_maps_are_those_of_the_search(seed):
+@pytest.mark.parametrize("seed, use_cache", [(0, True), (1, True), (0, False)])
+def test_greedy_maps_are_those_of_the_search(seed, use_cache):
     model = biased_model(seed)
     for ids in SOURCES:
         src = torch.tensor([ids])
         with AttentionRecorder(model) as recorder:
-            (out,) = greedy(model, src, torch.tensor([7]), observe=recorder)
+            (out,) = greedy(model, src, torch.tensor([7]), use_cache, observe=recorder)
         assert not model.decoder.layers[0].cross_attn.keep_weights
         assert greedy(model, src, torch.tensor([7])) == [out]  # recording changed nothing
         maps = recorder.maps(out)
