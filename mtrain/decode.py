@@ -1,7 +1,13 @@
-"""Search over `model.encode` / `model.decode`: greedy and beam search, with a key/value cache."""
+"""Search over `model.encode` / `model.decode`: greedy and beam search, with a key/value cache.
+
+Both searches take an optional `observe` callback that receives each step's state (a
+`GreedyStep` or a `BeamStep`): what `mtrain translate --trace` prints and `--attention` draws.
+Without one they do no extra work.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +20,42 @@ from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 class Hypothesis:
     tokens: list[int]  # without <s> and </s>
     score: float | None  # beam search: log-probability / length penalty; greedy: None
+
+
+@dataclass
+class GreedyStep:
+    """One step of greedy search, for the sentences still decoding."""
+
+    step: int  # 1 for the first output token
+    rows: list[int]  # the batch row (sentence) of each of the b rows below
+    prefix: torch.Tensor  # (b, step) the decoder input so far, <s> first
+    log_probs: torch.Tensor  # (b, tgt_vocab) the next token's log-probabilities
+    chosen: list[int]  # the b tokens picked (the most likely ones)
+
+
+@dataclass
+class Candidate:
+    """A live hypothesis extended by one token, as beam search ranked it."""
+
+    origin: int  # which of the sentence's beam_size live hypotheses it extends
+    token: int
+    log_prob: float  # cumulative: the hypothesis' plus this token's
+    fate: str  # "alive" (kept in the beam), "finished" or "pruned"
+    score: float | None = None  # finished: log_prob / length penalty, the final ranking
+
+
+@dataclass
+class BeamStep:
+    """One step of beam search: the live hypotheses going in and the candidates coming out."""
+
+    step: int
+    tokens: torch.Tensor  # (B * beam_size, step) live hypotheses' tokens, <s> first
+    log_probs: torch.Tensor  # (B, beam_size) their cumulative log-probabilities; -inf: no one
+    candidates: list[list[Candidate]]  # per sentence, best first; [] once a sentence is done
+    select: torch.Tensor | None  # (B * beam_size,) the row each next hypothesis extends
+
+
+Observer = Callable[[GreedyStep | BeamStep], None]
 
 
 def length_limits(src: torch.Tensor, ratio: float, offset: int, cap: int) -> torch.Tensor:
@@ -29,7 +71,11 @@ def length_penalty(length: int, alpha: float) -> float:
 
 @torch.inference_mode()
 def greedy(
-    model: Transformer, src: torch.Tensor, limits: torch.Tensor, use_cache: bool = True
+    model: Transformer,
+    src: torch.Tensor,
+    limits: torch.Tensor,
+    use_cache: bool = True,
+    observe: Observer | None = None,
 ) -> list[list[int]]:
     """Decode a (B, S) batch one step at a time, feeding back the most likely token.
 
@@ -51,6 +97,9 @@ def greedy(
         else:
             logits = model.decode(prefix[:, -1:], memory, src_mask, cache)[:, -1]
         token = logits.argmax(dim=-1)  # (b,)
+        if observe is not None:
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            observe(GreedyStep(step, rows.tolist(), prefix, log_probs, token.tolist()))
         for row, t in zip(rows.tolist(), token.tolist()):
             if t != EOS_ID:
                 out[row].append(t)
@@ -72,6 +121,7 @@ def beam_search(
     beam_size: int,
     alpha: float,
     nbest: int = 1,
+    observe: Observer | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a (B, S) batch; returns each sentence's `nbest` best, best first.
 
@@ -104,6 +154,7 @@ def beam_search(
         new_scores = torch.full((batch, k), float("-inf"), device=device)
         new_origins = torch.zeros((batch, k), dtype=torch.long, device=device)
         new_words = torch.full((batch, k), PAD_ID, dtype=torch.long, device=device)
+        report: list[list[Candidate]] = [[] for _ in range(batch)]
         for b, (row_scores, row_origins, row_words) in enumerate(
             zip(top_scores.tolist(), origins.tolist(), words.tolist())
         ):
@@ -115,10 +166,15 @@ def beam_search(
                 if score == float("-inf") or alive == k:
                     break
                 if word == EOS_ID or at_limit:
+                    final = None
                     if rank < k:  # </s> further down the ranking would never be chosen
                         prefix = tokens[b * k + origin, 1:].tolist()
                         body = prefix if word == EOS_ID else [*prefix, word]
-                        finished[b].append(Hypothesis(body, score / length_penalty(step, alpha)))
+                        final = score / length_penalty(step, alpha)
+                        finished[b].append(Hypothesis(body, final))
+                    if observe is not None:
+                        fate = "pruned" if final is None else "finished"
+                        report[b].append(Candidate(origin, word, score, fate, final))
                     continue
                 new_scores[b, alive], new_origins[b, alive], new_words[b, alive] = (
                     score,
@@ -126,10 +182,16 @@ def beam_search(
                     word,
                 )
                 alive += 1
+                if observe is not None:
+                    report[b].append(Candidate(origin, word, score, "alive"))
             done[b] = at_limit or len(finished[b]) >= k
-        if all(done):
+        select = None
+        if not all(done):
+            select = (torch.arange(batch, device=device)[:, None] * k + new_origins).view(-1)
+        if observe is not None:
+            observe(BeamStep(step, tokens, scores, report, select))
+        if select is None:
             break
-        select = (torch.arange(batch, device=device)[:, None] * k + new_origins).view(-1)
         cache = [c.select(select) for c in cache]
         tokens = torch.cat([tokens[select], new_words.view(-1, 1)], dim=1)
         scores = new_scores

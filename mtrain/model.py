@@ -85,7 +85,12 @@ class Embeddings(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over n_heads subspaces; queries and keys/values may differ."""
+    """Scaled dot-product attention over n_heads subspaces; queries and keys/values may differ.
+
+    With `keep_weights` set it computes the softmax explicitly and keeps the attention weights
+    of its last call in `weights` (B, n_heads, Tq, Tk), for looking inside the model; otherwise
+    it calls the fused `F.scaled_dot_product_attention`, which never forms them.
+    """
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -93,6 +98,8 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = nn.Linear(d_model, d_model)
         self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
         self.out_proj = nn.Linear(d_model, d_model)
+        self.keep_weights = False
+        self.weights: torch.Tensor | None = None
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape  # (B, L, d_model) -> (B, n_heads, L, d_head)
@@ -108,12 +115,19 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """query (B, Tq, d_model) over projected keys/values; mask broadcasts to (B, h, Tq, Tk)."""
         q = self._split_heads(self.q_proj(query))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, Tq, d_head)
+        if self.keep_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, h, Tq, Tk)
+            if mask is not None:  # hidden keys get exactly zero weight
+                scores = scores.masked_fill(~mask, float("-inf"))
+            self.weights = scores.softmax(dim=-1)
+            out = self.weights @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, Tq, d_head)
         b, _, tq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, tq, -1))
 
     def forward(
-        self, query: torch.Tensor, key_value: torch.Tensor, mask: torch.Tensor
+        self, query: torch.Tensor, key_value: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         return self.attend(query, *self.keys_values(key_value), mask)
 
@@ -209,17 +223,38 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        tgt_mask: torch.Tensor | None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, d_model) attends to itself and to memory (B, S, d_model), the encoder output.
+
+        With a cache (incremental decoding) x holds only the newest positions, and the keys and
+        values of earlier positions and of the encoder output come from the cache.
+        """
+        if cache is not None:
+            return self._forward_cached(x, src_mask, tgt_mask, cache)
+        x = self.residuals[0](x, lambda y: self.self_attn(y, y, tgt_mask))
+        # Queries come from the decoder, keys and values from the encoder output.
+        x = self.residuals[1](x, lambda y: self.cross_attn(y, memory, src_mask))
+        return self.residuals[2](x, self.feed_forward)
+
+    def _forward_cached(
+        self,
+        x: torch.Tensor,
         src_mask: torch.Tensor,
         tgt_mask: torch.Tensor | None,
         cache: LayerCache,
     ) -> torch.Tensor:
+        """`forward`'s three sublayers, with keys and values kept from earlier steps."""
+
         def self_attention(y):
             # The new positions' keys and values join those of earlier positions in the cache.
             cache.extend(*self.self_attn.keys_values(y))
             return self.self_attn.attend(y, cache.self_k, cache.self_v, tgt_mask)
 
         x = self.residuals[0](x, self_attention)
-        # Queries come from the decoder, keys and values from the encoder output.
         x = self.residuals[1](
             x, lambda y: self.cross_attn.attend(y, cache.cross_k, cache.cross_v, src_mask)
         )
@@ -251,12 +286,13 @@ class Decoder(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        memory: torch.Tensor,
         src_mask: torch.Tensor,
         tgt_mask: torch.Tensor | None,
-        cache: list[LayerCache],
+        cache: list[LayerCache] | None = None,
     ) -> torch.Tensor:
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x = layer(x, src_mask, tgt_mask, layer_cache)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
         return self.norm(x)
 
 
@@ -305,19 +341,34 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """(B, T) decoder input ids -> (B, T, tgt_vocab) logits for the next token.
 
-        With a cache (from `start_cache`), `tgt_in` continues the tokens decoded so far, and
-        the cache grows by T positions; those earlier tokens must not be padding.
+        Without a cache (teacher forcing) the decoder reads all of `tgt_in` at once under the
+        look-ahead mask. With a cache (from `start_cache`), `tgt_in` continues the tokens decoded
+        so far, and the cache grows by T positions; those earlier tokens must not be padding.
         """
         length = tgt_in.size(1)
         if cache is None:
-            cache, past = self.start_cache(memory), 0
+            past = 0
             tgt_mask = padding_mask(tgt_in, self.pad_id) & causal_mask(length, tgt_in.device)
         else:
             past = cache[0].length
             # One new position may attend to everything before it: no mask needed.
             tgt_mask = causal_mask(length, tgt_in.device, past) if length > 1 else None
-        x = self.decoder(self.tgt_embed(tgt_in, offset=past), src_mask, tgt_mask, cache)
+        x = self.decoder(self.tgt_embed(tgt_in, offset=past), memory, src_mask, tgt_mask, cache)
         return self.output_projection(x)
+
+    def record_attention(self, on: bool = True) -> None:
+        """Make every attention sublayer keep its weights from its last call (or stop)."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.keep_weights, module.weights = on, None
+
+    def attention_weights(self) -> dict[str, list[torch.Tensor]]:
+        """The weights kept since `record_attention`, one (B, h, Tq, Tk) tensor per layer."""
+        return {
+            "encoder": [layer.self_attn.weights for layer in self.encoder.layers],
+            "decoder": [layer.self_attn.weights for layer in self.decoder.layers],
+            "cross": [layer.cross_attn.weights for layer in self.decoder.layers],
+        }
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: (B, S) source, (B, T) `<s> y1..yn` -> (B, T, tgt_vocab) logits."""

@@ -11,7 +11,7 @@ import torch
 
 from mtrain.config import Config, DecodeConfig
 from mtrain.data import pad, source_ids
-from mtrain.decode import Hypothesis, beam_search, greedy, length_limits
+from mtrain.decode import Hypothesis, Observer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize
 from mtrain.tokenizer import Tokenizer
@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 class Translation:
     text: str
     score: float | None  # None from greedy search; 0.0 for an empty input line
+
+
+@dataclass
+class Inspection:
+    """One sentence translated alone, with what the search read and wrote."""
+
+    src: list[int]  # source ids, </s> last; [] for an empty line
+    hypotheses: list[Hypothesis]  # tokens without </s>; best first
+    translations: list[Translation]
 
 
 def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -56,25 +65,40 @@ class Translator:
         self.decode = decode or cfg.decode
         self.nbest, self.use_cache = nbest, use_cache
 
-    def _search(self, src: torch.Tensor) -> list[list[Hypothesis]]:
+    def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
         d = self.decode
         limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
         if d.beam_size == 1 and self.nbest == 1:
-            out = greedy(self.model, src, limits, self.use_cache)
+            out = greedy(self.model, src, limits, self.use_cache, observe)
             return [[Hypothesis(tokens, None)] for tokens in out]
-        return beam_search(self.model, src, limits, d.beam_size, d.alpha, self.nbest)
+        return beam_search(self.model, src, limits, d.beam_size, d.alpha, self.nbest, observe)
+
+    def _source_ids(self, sources: list[str]) -> list[list[int]]:
+        """Normalised non-empty sentences -> source ids, truncated, </s> last."""
+        max_src_len = self.cfg.data.max_src_len
+        ids = self.tokenizer.encode_src(sources)
+        too_long = sum(len(x) >= max_src_len for x in ids)
+        if too_long:
+            log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
+        return [source_ids(x, max_src_len) for x in ids]
+
+    def inspect(self, text: str, observe: Observer) -> Inspection:
+        """Translate one sentence alone, showing `observe` every step of the search."""
+        self.model.eval()
+        source = normalize(text, self.cfg.data.src_lang)
+        if not source:
+            return Inspection([], [], [Translation("", 0.0)])
+        (ids,) = self._source_ids([source])
+        (hyps,) = self._search(torch.tensor([ids], device=self.device), observe)
+        texts_out = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+        return Inspection(ids, hyps, [Translation(t, h.score) for t, h in zip(texts_out, hyps)])
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         """Translate a list of sentences; each gets up to `nbest` translations, best first."""
         self.model.eval()
-        max_src_len = self.cfg.data.max_src_len
         sources = [normalize(t, self.cfg.data.src_lang) for t in texts]
         todo = [i for i, s in enumerate(sources) if s]  # empty lines translate to empty lines
-        ids = self.tokenizer.encode_src([sources[i] for i in todo])
-        too_long = sum(len(x) >= max_src_len for x in ids)
-        if too_long:
-            log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
-        ids = [source_ids(x, max_src_len) for x in ids]
+        ids = self._source_ids([sources[i] for i in todo])
         results = [[Translation("", 0.0)] for _ in texts]
         batch_tokens = max(self.decode.batch_tokens // self.decode.beam_size, 1)
         for batch in length_batches([len(x) for x in ids], batch_tokens):

@@ -246,3 +246,92 @@ def test_average_checkpoints_then_evaluate_the_average(run_dir):
     assert too_many.returncode == 2 and "2 step checkpoints, fewer than --last 3" in too_many.stderr
     missing = mtrain("translate", "一", "--run", str(run_dir), "--checkpoint", "nothing.pt")
     assert missing.returncode == 2 and "nothing.pt: no such checkpoint" in missing.stderr
+
+
+def test_trace_goes_to_stderr_and_leaves_stdout_alone(run_dir):
+    for beam in ("1", "3"):
+        args = ("translate", "我是谁", "今天是星期二", "--run", str(run_dir), "--beam", beam)
+        plain, traced = mtrain(*args), mtrain(*args, "--trace", "--trace-k", "3")
+        assert traced.returncode == 0, traced.stderr
+        assert traced.stdout == plain.stdout
+        assert traced.stderr.count("source: ") == 2  # each sentence in turn
+        assert "source: 我是谁\n  pieces: " in traced.stderr
+        if beam == "1":
+            assert "step 1   decoder input: <s>   (log-probability so far 0.0000)" in traced.stderr
+            assert traced.stderr.count("  3. ") == traced.stderr.count("step ")
+        else:
+            assert "live hypotheses, cumulative log-probability" in traced.stderr
+            assert "finished " in traced.stderr
+
+
+def test_attention_maps_are_written_per_sentence(run_dir, tmp_path):
+    out = tmp_path / "maps"
+    args = ("translate", "--run", str(run_dir), "--beam", "2")
+    result = mtrain(*args, "--attention", str(out), input="我是谁\n\n今天是星期二\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == mtrain(*args, input="我是谁\n\n今天是星期二\n").stdout
+    kinds = ("cross", "encoder", "decoder")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{n}-{kind}.png" for n in ("001", "003") for kind in kinds
+    )
+
+
+def test_typed_lines_are_those_typed_until_end_of_input():
+    from mtrain.cli import PROMPT, typed_lines
+
+    typed = iter(["我是谁", "", "  今天是星期二 ", KeyboardInterrupt, "他不会说英语。"])
+    prompts = []
+
+    def read(prompt):
+        prompts.append(prompt)
+        line = next(typed, EOFError)
+        if isinstance(line, type):
+            raise line
+        return line
+
+    assert list(typed_lines(read)) == ["我是谁", "今天是星期二", "他不会说英语。"]
+    assert prompts == [PROMPT] * 6
+
+
+def read_until(fd: int, text: str, seconds: float = 120) -> str:
+    """Read a terminal's output until `text` appears (or fail after `seconds`)."""
+    import select
+    import time
+
+    out, deadline = b"", time.monotonic() + seconds
+    while text.encode() not in out:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {text!r} in {out.decode(errors='replace')!r}"
+        if select.select([fd], [], [], left)[0]:
+            out += os.read(fd, 4096)
+    return out.decode()
+
+
+def test_translate_on_a_terminal_prompts_for_sentences(run_dir):
+    import pty
+
+    expected = mtrain("translate", "--run", str(run_dir), "我是谁", "今天是星期二").stdout
+    master, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mtrain", "translate", "--run", str(run_dir)],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TERM": "dumb"},
+        start_new_session=True,
+    )
+    os.close(terminal)
+    try:
+        read_until(master, "zh> ")
+        os.write(master, "我是谁\n".encode())
+        first = read_until(master, "zh> ")
+        os.write(master, "今天是星期二\n".encode())
+        second = read_until(master, "zh> ")
+        os.write(master, b"\x04")  # Ctrl-D
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+    for answer, line in zip((first, second), expected.splitlines()):
+        assert line in answer.replace("\r\n", "\n").splitlines()
