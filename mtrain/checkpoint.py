@@ -17,6 +17,7 @@ from mtrain.tokenizer import PAD_ID, Tokenizer
 
 CONFIG_FILE, LAST, BEST, METRICS = "config.yaml", "last.pt", "best.pt", "metrics.jsonl"
 AVERAGED = "averaged.pt"
+TRAIN_LOG = "train.jsonl"  # training loss and learning rate every LOG_EVERY steps
 
 
 class CheckpointError(ValueError):

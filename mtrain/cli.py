@@ -296,7 +296,7 @@ def evaluate(
         if src is None:
             test = Path(cfg.data.test)
             sources, references = group_references(
-                read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang)
+                read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns)
             )
             hyp_path = run_dir / f"{test.stem}.hyp.{cfg.data.tgt_lang}"
         else:

@@ -35,6 +35,7 @@ from mtrain.translate import Translator
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LOG_EVERY = 10  # steps per progress-bar update and per train.jsonl record
 
 
 class NonFiniteLoss(RuntimeError):
@@ -68,8 +69,10 @@ class Trainer:
         runtime.set_seed(tcfg.seed)
         runtime.configure(device)
 
-        train_pairs = read_parallel(Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang)
-        dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang)
+        train_pairs = read_parallel(
+            Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns
+        )
+        dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns)
         for path, pairs in ((dcfg.train, train_pairs), (dcfg.dev, dev_pairs)):
             if not any(s and t for s, t in pairs):
                 raise DataError(f"{path}: no sentence pairs with both sides non-empty")
@@ -306,13 +309,18 @@ class Trainer:
         budget = tcfg.max_minutes or math.inf
         reserve = 0.0  # minutes the last validation took: keep room for a final one
         window_tokens, window_start = 0, time.monotonic()
+        loss_sum, loss_tokens = 0.0, 0  # training loss since the last train.jsonl record
         # Under a time budget the step count is unknown: show no misleading ETA.
         total = None if tcfg.max_minutes else tcfg.max_steps
         bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         metrics_path = self.run_dir / checkpoint.METRICS
         handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
-            with metrics_path.open("a", encoding="utf-8") as metrics, logging_redirect_tqdm():
+            with (
+                metrics_path.open("a", encoding="utf-8") as metrics,
+                (self.run_dir / checkpoint.TRAIN_LOG).open("a", encoding="utf-8") as train_log,
+                logging_redirect_tqdm(),
+            ):
                 for batches in self.updates():
                     if self.step >= tcfg.max_steps:
                         break
@@ -320,15 +328,25 @@ class Trainer:
                     if loss is None:
                         continue
                     window_tokens += sum(batch.n_tokens for batch in batches)
+                    n_target = sum(batch.n_target_tokens for batch in batches)
+                    loss_sum, loss_tokens = loss_sum + loss * n_target, loss_tokens + n_target
                     bar.update(1)
-                    if self.step % 10 == 0:
+                    if self.step % LOG_EVERY == 0:
                         now = time.monotonic()
-                        bar.set_postfix(
-                            loss=f"{loss:.3f}",
-                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
-                            tok_s=f"{window_tokens / (now - window_start):.0f}",
-                        )
+                        lr = self.scheduler.get_last_lr()[0]
+                        tok_s = window_tokens / (now - window_start)
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
+                        record = {
+                            "event": "train",
+                            "step": self.step,
+                            "minutes": self.minutes(),
+                            "loss": loss_sum / loss_tokens,  # per target token, label-smoothed
+                            "lr": lr,
+                        }
+                        train_log.write(json.dumps(record) + "\n")
+                        train_log.flush()
                         window_tokens, window_start = 0, now
+                        loss_sum, loss_tokens = 0.0, 0
                     if self.stop_requested:
                         self.save(checkpoint.LAST)
                         raise Interrupted(self.step)
