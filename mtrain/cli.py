@@ -375,10 +375,10 @@ def curves(
     Reads each run's metrics.jsonl and train.jsonl; prints the PNG's path.
     """
     from mtrain import plots
-    from mtrain.figures import FigureError
+    from mtrain.figures import FigureError, save
 
     try:
-        typer.echo(str(plots.curves(runs, output)))
+        typer.echo(str(save(plots.curves(runs), output)))
     except (CheckpointError, FigureError, OSError) as e:
         fail(str(e))
 
@@ -406,14 +406,14 @@ def positional(
     Without a run (and none under ./runs/), default.yaml's d_model and lengths are used.
     """
     from mtrain import plots
-    from mtrain.figures import FigureError
+    from mtrain.figures import FigureError, save
 
     setup_logging()
     run = optional_run(run)
     try:
         cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
         max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)  # as checkpoint.build_model
-        typer.echo(str(plots.positional(cfg.model.d_model, max_len, output)))
+        typer.echo(str(save(plots.positional(cfg.model.d_model, max_len), output)))
     except (ConfigError, FigureError, OSError) as e:
         fail(str(e))
 
@@ -436,7 +436,7 @@ def masks(
     Pieces come from the run's tokenizers; with no run at all, each character is a piece.
     """
     from mtrain import plots
-    from mtrain.figures import FigureError
+    from mtrain.figures import FigureError, save
     from mtrain.text import normalize
 
     setup_logging()
@@ -465,7 +465,7 @@ def masks(
             tgt_pieces = [[tok.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids]
             max_src_len = cfg.data.max_src_len
         inputs = plots.mask_inputs(src_ids, src_pieces, tgt_ids, tgt_pieces, max_src_len)
-        typer.echo(str(plots.masks(inputs, output)))
+        typer.echo(str(save(plots.masks(inputs), output)))
     except (CheckpointError, FigureError, OSError) as e:
         fail(str(e))
 

@@ -75,14 +75,20 @@ def parts(model: Transformer) -> list[Part]:
             f"{embed}.positions",
             f"{max_len} × {d}, fixed sinusoids",
         )
-        add(1, f"{side} ({len(stack.layers)} layers)", side, "")
+        n = len(stack.layers)
+        add(1, f"{side} ({n} layer{'s' if n != 1 else ''})", side, "")
         for i, layer in enumerate(stack.layers):
             add(2, f"{side} layer {i + 1}", f"{side}.layers.{i}", "")
             for name, path, shape in _layer_parts(layer, f"{side}.layers.{i}", heads, d, d_ff, pre):
                 add(3, name, path, shape)
         if pre:
             add(2, f"final LayerNorm of the {side}", f"{side}.norm", f"LayerNorm({d})")
-    add(1, "output projection (softmax in the loss)", "output_projection", f"{d} → {tgt_vocab}")
+    add(
+        1,
+        "output projection",
+        "output_projection",
+        f"{d} → {tgt_vocab} logits, softmax in the loss",
+    )
     _count(model, found)
     return found
 

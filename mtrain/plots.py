@@ -1,4 +1,7 @@
-"""The figures of `mtrain plot`: training curves, the positional encoding, the attention masks."""
+"""The figures of `mtrain plot`: training curves, the positional encoding, the attention masks.
+
+Each function returns a matplotlib Figure; `figures.save` writes it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import torch
 
 from mtrain import checkpoint
 from mtrain.data import Batch, Example, source_ids
-from mtrain.figures import FigureError, save, use_cjk_font
+from mtrain.figures import FigureError, use_cjk_font
 from mtrain.model import PositionalEncoding, causal_mask, padding_mask
 from mtrain.tokenizer import PAD_ID
 
@@ -61,7 +64,7 @@ def run_names(run_dirs: list[Path]) -> list[str]:
     ]
 
 
-def curves(run_dirs: list[Path], out: Path) -> Path:
+def curves(run_dirs: list[Path]):
     """Training loss, dev loss, dev BLEU and learning rate against steps and minutes."""
     use_cjk_font()
     import matplotlib.pyplot as plt
@@ -115,10 +118,10 @@ def curves(run_dirs: list[Path], out: Path) -> Path:
         )
     fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 3), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.03 * ((len(handles) + 2) // 3 + 0.5)))
-    return save(fig, out)
+    return fig
 
 
-def positional(d_model: int, max_len: int, out: Path, dims: tuple[int, ...] = ()) -> Path:
+def positional(d_model: int, max_len: int, dims: tuple[int, ...] = ()):
     """`PositionalEncoding`'s sinusoids as a heatmap and a few dimensions as curves."""
     use_cjk_font()
     import matplotlib.pyplot as plt
@@ -157,7 +160,7 @@ def positional(d_model: int, max_len: int, out: Path, dims: tuple[int, ...] = ()
         fontsize=13,
     )
     fig.tight_layout()
-    return save(fig, out)
+    return fig
 
 
 @dataclass
@@ -186,7 +189,7 @@ def mask_inputs(
     return MaskInputs(batch, src_labels, [["<s>", *p] for p in tgt_pieces])
 
 
-def masks(inputs: MaskInputs, out: Path) -> Path:
+def masks(inputs: MaskInputs):
     """The source padding mask of a batch, the look-ahead mask and each decoder mask."""
     use_cjk_font()
     import matplotlib.pyplot as plt
@@ -245,4 +248,4 @@ def masks(inputs: MaskInputs, out: Path) -> Path:
             f"sentence {i + 1}: padding & look-ahead\n(the decoder's mask in training)",
         )
     fig.tight_layout()
-    return save(fig, out)
+    return fig
