@@ -8,11 +8,13 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from tqdm import tqdm
 
 from mtrain import checkpoint, config, runtime
@@ -549,10 +551,8 @@ def info(
             of = " (the averaged checkpoints)" if summary["best_is_average"] else ""
             echo(f"  best dev BLEU (greedy): {summary['best_dev_bleu']:.2f}{of}")
         for name, size in summary["checkpoints"].items():
-            echo(f"  {name:<14}{size / 2**20:8.1f} MiB")
+            echo(f"  {name:<18}{size / 2**20:8.1f} MiB")
     echo("")
     echo("config:")
-    for section, values in cfg.to_dict().items():
-        echo(f"  {section}:")
-        for key, value in values.items():
-            echo(f"    {key}: {value}")
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    echo(textwrap.indent(text, "  ").rstrip())

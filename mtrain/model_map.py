@@ -20,29 +20,22 @@ class Part:
     shared_with: list[str] = field(default_factory=list)  # parts that use this part's matrix
 
 
-def _attention(heads: int, d_model: int) -> str:
-    return f"{heads} heads × {d_model // heads}, W_Q W_K W_V W_O {d_model}×{d_model}"
-
-
-def _norm_words(d: int, pre_norm: bool) -> str:
-    return f"LayerNorm({d}) " + ("of the sublayer's input" if pre_norm else "after the sum")
-
-
 def _layer_parts(layer: nn.Module, prefix: str, heads: int, d: int, d_ff: int, pre: bool):
     """(name, module path, shape) of each sublayer of an encoder or decoder layer, in order."""
-    ff = f"{d} → {d_ff} → {d}, ReLU"
+    attention = f"{heads} heads × {d // heads}"
     if isinstance(layer, EncoderLayer):
-        subs = [("self-attention", "self_attn", _attention(heads, d))]
+        subs = [("self-attention", "self_attn", attention)]
     else:
         assert isinstance(layer, DecoderLayer)
         subs = [
-            ("masked self-attention", "self_attn", _attention(heads, d)),
-            ("cross-attention (queries: decoder, keys/values: encoder)", "cross_attn", ""),
+            ("masked self-attention", "self_attn", f"{attention}, look-ahead mask"),
+            ("cross-attention", "cross_attn", f"{attention}, keys/values: encoder"),
         ]
-    subs.append(("feed-forward", "feed_forward", ff))
+    subs.append(("feed-forward", "feed_forward", f"{d} → {d_ff} → {d}, ReLU"))
+    norm = f"LayerNorm({d}), " + ("pre-norm" if pre else "post-norm")
     for i, (name, attr, shape) in enumerate(subs):
-        yield name, f"{prefix}.{attr}", shape or _attention(heads, d)
-        yield "add & norm", f"{prefix}.residuals.{i}", _norm_words(d, pre)
+        yield name, f"{prefix}.{attr}", shape
+        yield "add & norm", f"{prefix}.residuals.{i}", norm
 
 
 def parts(model: Transformer) -> list[Part]:
@@ -126,9 +119,9 @@ def render(found: list[Part]) -> list[str]:
     shape_width = max(len(p.shape) for p in found) + 2
     lines = []
     for p in found:
-        tie = f"  (weight: the {p.tied_to}'s, counted there)" if p.tied_to else ""
+        tie = f"  tied: the {p.tied_to}'s matrix" if p.tied_to else ""
         if p.shared_with:
-            tie = f"  (tied: also the {' and the '.join(p.shared_with)})"
+            tie = f"  tied: also the {' and the '.join(p.shared_with)}"
         label = "  " * p.depth + p.name
         lines.append(f"{label:<{width}}{p.shape:<{shape_width}}{p.parameters:>12,}{tie}")
     return lines

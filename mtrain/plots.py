@@ -210,7 +210,7 @@ def masks(inputs: MaskInputs):
     bottom = ["causal", *(f"dec{i}" for i in range(n))] if tgt_masks is not None else ["causal"]
     fig, axes = plt.subplot_mosaic(
         [["src"] * len(bottom), bottom],
-        figsize=(4.6 * len(bottom), 3.2 + 4.4),
+        figsize=(max(4.6 * len(bottom), 7), 3.2 + 4.4),
         height_ratios=(0.5 + 0.4 * n, 4),
     )
     ax = axes["src"]
@@ -224,8 +224,9 @@ def masks(inputs: MaskInputs):
     ax.set_xticks(range(batch.src.size(1)), [str(j) for j in range(batch.src.size(1))])
     ax.set_xlabel("source position (key)")
     ax.set_title(
-        f"padding_mask(src): source batch {tuple(batch.src.shape)}; blue: may attend (True), "
-        "grey: padding, hidden from attention (False)"
+        f"padding_mask(src) of a batch of {n} sentences, {batch.src.size(1)} positions\n"
+        "blue: may be attended to (True)   grey: padding, hidden (False)",
+        fontsize=10,
     )
 
     def square(ax, mask: torch.Tensor, labels: list[str], title: str) -> None:
