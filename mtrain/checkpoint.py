@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import shutil
@@ -20,6 +21,7 @@ from mtrain.tokenizer import PAD_ID, Tokenizer
 
 CONFIG_FILE, LAST, BEST, METRICS = "config.yaml", "last.pt", "best.pt", "metrics.jsonl"
 AVERAGED = "averaged.pt"
+TRAIN_LOG = "train.jsonl"  # training loss and learning rate every LOG_EVERY steps
 
 
 class CheckpointError(ValueError):
@@ -178,3 +180,33 @@ def latest_run(runs_root: Path) -> Path:
     if not candidates:
         raise CheckpointError(f"no trained run under {runs_root}/; train one or pass --run DIR")
     return candidates[-1].parent
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines log (metrics.jsonl, train.jsonl); none if it is absent."""
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise CheckpointError(f"{path}:{number}: not a JSON record") from None
+    return records
+
+
+def training_summary(run_dir: Path) -> dict[str, Any]:
+    """Steps, minutes and best dev BLEU from a run's logs, and the checkpoints it holds."""
+    records = read_log(run_dir / METRICS) + read_log(run_dir / TRAIN_LOG)
+    scored = [r for r in records if "dev_bleu" in r]
+    best = max(scored, key=lambda r: r["dev_bleu"], default=None)
+    return {
+        "steps": max((r["step"] for r in records), default=0),
+        "minutes": max((r["minutes"] for r in records), default=0.0),
+        "validations": sum(r.get("event", "validation") == "validation" for r in scored),
+        "best_dev_bleu": None if best is None else best["dev_bleu"],
+        "best_is_average": best is not None and best.get("event") == "average",
+        "checkpoints": {p.name: p.stat().st_size for p in sorted(run_dir.glob("*.pt"))},
+    }

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from tqdm import tqdm
 
 from mtrain import checkpoint, config, runtime
@@ -24,6 +27,7 @@ from mtrain.config import Config, ConfigError
 from mtrain.data import DataError, decode_lines, group_references, read_lines, read_parallel
 from mtrain.distributed import DistributedError
 from mtrain.evaluate import score
+from mtrain.figures import FigureError
 from mtrain.files import (
     LOCK_FILE,
     DirectoryLock,
@@ -43,6 +47,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Train Transformer translation models and translate with them.",
 )
+plot_app = typer.Typer(
+    no_args_is_help=True,
+    help="Draw PNG figures: training curves, the positional encoding, the attention masks.",
+)
+app.add_typer(plot_app, name="plot")
 RUNS_ROOT = Path("runs")
 log = logging.getLogger("mtrain")
 
@@ -91,6 +100,7 @@ USER_ERRORS = (
     DeviceError,
     DirectoryLocked,
     DistributedError,
+    FigureError,
 )
 
 
@@ -545,7 +555,7 @@ def evaluate(
     if src is None:
         test = Path(cfg.data.test)
         sources, references = group_references(
-            read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang)
+            read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns)
         )
         hyp_path, source_name = run_dir / f"{test.stem}.hyp.{cfg.data.tgt_lang}", test
     else:
@@ -608,3 +618,197 @@ def average(
         checkpoint.save(run_dir / checkpoint.AVERAGED, state)
     log.info("averaged the checkpoints of steps %s", ", ".join(map(str, state["steps"])))
     typer.echo(str(run_dir / checkpoint.AVERAGED))
+
+
+OutputOption = Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")]
+
+
+@plot_app.command()
+def curves(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories, one curve each.")],
+    output: OutputOption = Path("curves.png"),
+) -> None:
+    """Training loss, dev loss, dev BLEU and learning rate against steps and against minutes.
+
+    Reads each run's metrics.jsonl and train.jsonl; prints the PNG's path.
+    """
+    from mtrain import plots
+    from mtrain.figures import FigureError, save
+
+    try:
+        typer.echo(str(save(plots.curves(runs), output)))
+    except (CheckpointError, FigureError, OSError) as e:
+        fail(str(e))
+
+
+def optional_run(run: Path | None) -> Path | None:
+    """`run`, else the latest run under ./runs/, else None (no run trained yet)."""
+    if run is not None:
+        return run
+    try:
+        return resolve_run(None)
+    except CheckpointError:
+        return None
+
+
+@plot_app.command()
+def positional(
+    run: Annotated[
+        Path | None,
+        typer.Argument(help="Run whose d_model and lengths to use. Default: the latest run."),
+    ] = None,
+    output: OutputOption = Path("positional.png"),
+) -> None:
+    """The sinusoidal positional encoding, from the model's PositionalEncoding module.
+
+    Without a run (and none under ./runs/), default.yaml's d_model and lengths are used.
+    """
+    from mtrain import plots
+    from mtrain.figures import FigureError, save
+
+    setup_logging()
+    run = optional_run(run)
+    try:
+        cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
+        max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)  # as checkpoint.build_model
+        typer.echo(str(save(plots.positional(cfg.model.d_model, max_len), output)))
+    except (ConfigError, FigureError, OSError) as e:
+        fail(str(e))
+
+
+@plot_app.command()
+def masks(
+    texts: Annotated[list[str], typer.Argument(help="Source sentences: one batch.")],
+    tgt: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Target sentence for each source (repeat). Default: the run's own greedy "
+            "translations."
+        ),
+    ] = None,
+    run: RunOption = None,
+    output: OutputOption = Path("masks.png"),
+) -> None:
+    """The padding mask of a batch and the decoder's look-ahead mask, as training builds them.
+
+    Pieces come from the run's tokenizers; with no run at all, each character is a piece.
+    """
+    from mtrain import plots
+    from mtrain.figures import FigureError, save
+    from mtrain.text import normalize
+
+    setup_logging()
+    if tgt and len(tgt) != len(texts):
+        fail(f"{len(texts)} sentences but {len(tgt)} --tgt")
+    run = optional_run(run)
+    try:
+        if run is None:
+            log.info("no run: one piece per character (source) and per word (--tgt)")
+            src_pieces = [list(t) for t in texts]
+            tgt_pieces = [t.split() for t in tgt] if tgt else None
+            src_ids = [list(range(4, 4 + len(p))) for p in src_pieces]  # any non-padding ids
+            tgt_ids = [list(range(4, 4 + len(p))) for p in tgt_pieces] if tgt else None
+            max_src_len = Config().data.max_src_len
+        else:
+            _, cfg, translator = load_translator(run, "cpu", 1, None, Quantize.none, "best.pt")
+            sources = [normalize(t, cfg.data.src_lang) for t in texts]
+            if not tgt:
+                tgt = translator.translate(sources)
+                log.info("targets (greedy translations): %s", " | ".join(tgt))
+            tok = translator.tokenizer
+            src_ids = tok.encode_src(sources)
+            tgt_ids = tok.encode_tgt([normalize(t, cfg.data.tgt_lang) for t in tgt])
+            tgt_ids = [ids[: cfg.data.max_tgt_len - 1] for ids in tgt_ids]  # as encode_pairs
+            src_pieces = [[tok.src.id_to_piece(i) for i in ids] for ids in src_ids]
+            tgt_pieces = [[tok.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids]
+            max_src_len = cfg.data.max_src_len
+        inputs = plots.mask_inputs(src_ids, src_pieces, tgt_ids, tgt_pieces, max_src_len)
+        typer.echo(str(save(plots.masks(inputs), output)))
+    except (CheckpointError, FigureError, OSError) as e:
+        fail(str(e))
+
+
+@app.command()
+def info(
+    run: Annotated[
+        Path | None,
+        typer.Argument(help="Run directory. Default: the latest run under ./runs/."),
+    ] = None,
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Describe a config's model instead of a run's.", dir_okay=False
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The model part by part as the textbook names it, with parameter counts; the config,
+    the vocabularies, and the run's training time, steps, best dev BLEU and checkpoints."""
+    from mtrain import model_map
+    from mtrain.model import Transformer
+    from mtrain.tokenizer import Tokenizer
+
+    setup_logging()
+    if run is not None and config_path is not None:
+        fail("give a run or --config, not both")
+    try:
+        if config_path is not None:
+            cfg, tokenizer, summary = config.load(config_path), None, None
+            vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
+        else:
+            run = resolve_run(run)
+            cfg = config.load(run / checkpoint.CONFIG_FILE)
+            tokenizer = Tokenizer.load(run)
+            vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+            summary = checkpoint.training_summary(run)
+    except (CheckpointError, ConfigError, OSError) as e:
+        fail(str(e))
+    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
+    model = Transformer(cfg.model, *vocab, max_len, 0, joint_vocab=cfg.tokenizer.joint)
+    parts = model_map.parts(model)
+    tokenizers = {
+        "joint": cfg.tokenizer.joint,
+        "model_type": cfg.tokenizer.model_type,
+        "src_vocab": vocab[0],
+        "tgt_vocab": vocab[1],
+        "trained": tokenizer is not None,
+    }
+    if as_json:
+        result = {
+            "run": None if run is None else str(run),
+            "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
+            "parameters": model_map.total(parts),
+            "parts": [dataclasses.asdict(p) for p in parts],
+            "tokenizer": tokenizers,
+            "training": summary,
+            "config": cfg.to_dict(),
+        }
+        typer.echo(json.dumps(result, ensure_ascii=False))
+        return
+    echo = typer.echo
+    echo(f"{run or config_path}: {cfg.data.src_lang}→{cfg.data.tgt_lang} Transformer")
+    echo("")
+    for line in model_map.render(parts):
+        echo(line)
+    echo(f"total: {model_map.total(parts):,} parameters (a shared matrix is counted once)")
+    echo("")
+    kind = "one joint model" if cfg.tokenizer.joint else "one model per language"
+    how = "trained" if tokenizer is not None else "configured size, not trained yet"
+    echo(f"tokenizer: SentencePiece {cfg.tokenizer.model_type}, {kind} ({how})")
+    echo(f"  source vocabulary ({cfg.data.src_lang}): {vocab[0]:,} pieces")
+    echo(f"  target vocabulary ({cfg.data.tgt_lang}): {vocab[1]:,} pieces")
+    if summary is not None:
+        echo("")
+        echo(
+            f"training: {summary['steps']:,} steps in {summary['minutes']:.1f} minutes, "
+            f"{summary['validations']} validations"
+        )
+        if summary["best_dev_bleu"] is not None:
+            of = " (the averaged checkpoints)" if summary["best_is_average"] else ""
+            echo(f"  best dev BLEU (greedy): {summary['best_dev_bleu']:.2f}{of}")
+        for name, size in summary["checkpoints"].items():
+            echo(f"  {name:<18}{size / 2**20:8.1f} MiB")
+    echo("")
+    echo("config:")
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    echo(textwrap.indent(text, "  ").rstrip())

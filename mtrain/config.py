@@ -25,6 +25,8 @@ class DataConfig:
     tgt_lang: str = "en"
     max_src_len: int = 64  # tokens, </s> included; longer sentences are truncated
     max_tgt_len: int = 64
+    # true: the files hold target then source (e.g. the zh<TAB>en corpus read for en→zh).
+    swap_columns: bool = False
 
 
 @dataclass

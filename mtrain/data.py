@@ -51,8 +51,13 @@ def file_fingerprint(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_parallel(path: Path, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
-    """Read a TSV of pairs, `src<TAB>tgt` or Tatoeba's `id<TAB>src<TAB>id<TAB>tgt`, normalised."""
+def read_parallel(
+    path: Path, src_lang: str, tgt_lang: str, swap: bool = False
+) -> list[tuple[str, str]]:
+    """Read a TSV of pairs, `src<TAB>tgt` or Tatoeba's `id<TAB>src<TAB>id<TAB>tgt`, normalised.
+
+    With `swap`, the file holds `tgt<TAB>src` (or `id<TAB>tgt<TAB>id<TAB>src`) instead.
+    """
     pairs = []
     for number, line in enumerate(read_lines(path), 1):
         if not line.strip():
@@ -63,6 +68,8 @@ def read_parallel(path: Path, src_lang: str, tgt_lang: str) -> list[tuple[str, s
                 f"{path}:{number}: expected 2 or 4 tab-separated columns, got {len(fields)}"
             )
         src, tgt = (fields[0], fields[1]) if len(fields) == 2 else (fields[1], fields[3])
+        if swap:
+            src, tgt = tgt, src
         pairs.append((normalize(src, src_lang), normalize(tgt, tgt_lang)))
     return pairs
 

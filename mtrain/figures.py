@@ -1,33 +1,49 @@
-"""What every mtrain figure shares: matplotlib without a display, and a font with CJK glyphs."""
+"""Matplotlib set-up shared by every figure: the Agg backend and a font with Chinese glyphs."""
 
 from __future__ import annotations
 
+import importlib.util
+from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
+CJK_FONT = "NotoSansCJKsc-Regular.otf"  # Noto Sans CJK SC, shipped by the mplfonts package
 
-matplotlib.use("Agg")  # files only, no display
 
-from matplotlib import font_manager
-
-FONT_FILE = "NotoSansCJKsc-Regular.otf"  # Noto Sans CJK SC: simplified Chinese and Latin
+class FigureError(RuntimeError):
+    """A figure that cannot be drawn (no font, nothing to plot); the message says why."""
 
 
 def cjk_font_path() -> Path:
-    """The Noto Sans CJK SC font file that the `mplfonts` package ships."""
-    import mplfonts
+    """The Noto Sans CJK SC file inside the installed mplfonts package."""
+    # find_spec locates the package without importing it (its import pulls in extra modules).
+    spec = importlib.util.find_spec("mplfonts")
+    path = None if spec is None or spec.origin is None else Path(spec.origin).parent / "fonts"
+    if path is None or not (path / CJK_FONT).is_file():
+        raise FigureError("no CJK font: install the mplfonts package (pip install mplfonts)")
+    return path / CJK_FONT
 
-    return Path(mplfonts.__file__).parent / "fonts" / FONT_FILE
 
-
+@lru_cache(maxsize=1)
 def use_cjk_font() -> str:
-    """Register Noto Sans CJK SC with matplotlib, make it the default font; return its family.
+    """Select Agg and make Noto Sans CJK SC matplotlib's font; return its family name."""
+    import matplotlib
 
-    The font is added to this process's font manager only: nothing is written into
-    matplotlib's configuration or cache directories.
-    """
-    path = str(cjk_font_path())
-    font_manager.fontManager.addfont(path)
-    family = font_manager.FontProperties(fname=path).get_name()
+    matplotlib.use("Agg")  # files only: no display needed
+    from matplotlib import font_manager
+
+    path = cjk_font_path()
+    font_manager.fontManager.addfont(str(path))  # this process only; no config dir is written
+    family = font_manager.FontProperties(fname=str(path)).get_name()
     matplotlib.rcParams["font.family"] = family
+    matplotlib.rcParams["axes.unicode_minus"] = False  # the font's own hyphen-minus
     return family
+
+
+def save(fig, path: Path, dpi: int = 120) -> Path:
+    """Write a figure as PNG (creating the folder) and free it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -41,6 +42,7 @@ from mtrain.translate import Translator
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 DATA_KEYS = ("train", "dev")  # the corpora a run reads: a resumed run must find them unchanged
+LOG_EVERY = 10  # steps per progress-bar update and per train.jsonl record
 
 
 class NonFiniteLoss(RuntimeError):
@@ -106,6 +108,26 @@ def trim_metrics(path: Path, step: int) -> None:
         write_atomic(path, "".join(kept))
 
 
+class TrainLog:
+    """The training loss and learning rate, a record every LOG_EVERY updates in train.jsonl;
+    the loss is the mean per target token of the updates since the last record."""
+
+    def __init__(self, file):
+        self.file = file  # None: log nothing (a rank other than 0)
+        self.loss_sum, self.tokens = 0.0, 0
+
+    def add(self, loss: float, n_target: int) -> None:
+        self.loss_sum, self.tokens = self.loss_sum + loss * n_target, self.tokens + n_target
+
+    def write(self, step: int, minutes: float, lr: float) -> None:
+        if self.file is not None:
+            loss = self.loss_sum / self.tokens  # label-smoothed, as the updates minimised it
+            record = {"event": "train", "step": step, "minutes": minutes, "loss": loss, "lr": lr}
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        self.loss_sum, self.tokens = 0.0, 0
+
+
 class Trainer:
     """Trains one run into its directory; knows the model only through forward/encode/decode."""
 
@@ -127,8 +149,10 @@ class Trainer:
         runtime.set_seed(tcfg.seed)
         runtime.configure(device)
 
-        train_pairs = read_parallel(Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang)
-        dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang)
+        train_pairs = read_parallel(
+            Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns
+        )
+        dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns)
         for path, pairs in ((dcfg.train, train_pairs), (dcfg.dev, dev_pairs)):
             if not any(s and t for s, t in pairs):
                 raise DataError(f"{path}: no sentence pairs with both sides non-empty")
@@ -189,7 +213,8 @@ class Trainer:
         elif group.rank:  # the same initial weights everywhere, other dropout masks
             torch.manual_seed(tcfg.seed + group.rank)
         if group.is_main:
-            trim_metrics(run_dir / checkpoint.METRICS, self.step)
+            for name in (checkpoint.METRICS, checkpoint.TRAIN_LOG):
+                trim_metrics(run_dir / name, self.step)
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.
         self.net = DistributedDataParallel(self.model) if group.active else self.model
 
@@ -458,11 +483,19 @@ class Trainer:
             dynamic_ncols=True,
             disable=not main,
         )
-        metrics_path = self.run_dir / checkpoint.METRICS
         handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
-            metrics_file = metrics_path.open("a", encoding="utf-8") if main else nullcontext()
-            with metrics_file as metrics, logging_redirect_tqdm():
+            with contextlib.ExitStack() as files:
+                # Rank 0 alone logs: the others write to no file.
+                def log_file(name: str):
+                    path = self.run_dir / name
+                    return files.enter_context(path.open("a", encoding="utf-8")) if main else None
+
+                metrics, train_log = (
+                    log_file(checkpoint.METRICS),
+                    TrainLog(log_file(checkpoint.TRAIN_LOG)),
+                )
+                files.enter_context(logging_redirect_tqdm())
                 for update in self.updates():
                     if self.step >= tcfg.max_steps:
                         break
@@ -470,14 +503,14 @@ class Trainer:
                     if loss is None:
                         continue
                     window_tokens += update.n_tokens  # of all processes
+                    train_log.add(loss, update.n_target)
                     bar.update(1)
-                    if self.step % 10 == 0:
+                    if self.step % LOG_EVERY == 0:
                         now = time.monotonic()
-                        bar.set_postfix(
-                            loss=f"{loss:.3f}",
-                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
-                            tok_s=f"{window_tokens / (now - window_start):.0f}",
-                        )
+                        lr = self.scheduler.get_last_lr()[0]
+                        tok_s = window_tokens / (now - window_start)
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
+                        train_log.write(self.step, self.minutes(), lr)
                         window_tokens, window_start = 0, now
                     stop = self.step >= tcfg.max_steps or self.minutes() + reserve >= budget
                     action = self.next_action(stop)

@@ -30,7 +30,9 @@ def main() -> None:
 
     device = runtime.pick_device()
     cfg, tokenizer, model = checkpoint.load_run(args.run, device)
-    pairs = read_parallel(Path(cfg.data.test), cfg.data.src_lang, cfg.data.tgt_lang)
+    pairs = read_parallel(
+        Path(cfg.data.test), cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns
+    )
     sources, refs = group_references(pairs)
     sources, refs = sources[: args.sentences], refs[: args.sentences]
     batch1 = dataclasses.replace(cfg.decode, batch_tokens=1, beam_size=1)

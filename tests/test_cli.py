@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .synthetic import overrides
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -335,3 +337,27 @@ def test_translate_on_a_terminal_prompts_for_sentences(run_dir):
         os.close(master)
     for answer, line in zip((first, second), expected.splitlines()):
         assert line in answer.replace("\r\n", "\n").splitlines()
+
+
+def test_english_to_chinese_trains_and_is_scored_with_the_zh_tokenizer(corpus, tmp_path):
+    out = tmp_path / "en-zh"
+    # The corpus holds zh<TAB>en, as the shipped one: read swapped, as default-en-zh.yaml does.
+    settings = [
+        *overrides(corpus, max_steps=20, eval_every=20),
+        *("data.src_lang=en", "data.tgt_lang=zh", "data.swap_columns=true"),
+    ]
+    command = ["train", "--config", "configs/tiny.yaml", "--out", str(out)]
+    result = mtrain(*command, *(f"--set={s}" for s in settings))
+    assert result.returncode == 0, result.stderr
+    import sentencepiece as spm
+
+    src = spm.SentencePieceProcessor(model_file=str(out / "spm.src.model"))
+    tgt = spm.SentencePieceProcessor(model_file=str(out / "spm.tgt.model"))
+    assert src.piece_to_id("▁one") != src.unk_id()  # English source pieces
+    assert tgt.piece_to_id("一") != tgt.unk_id()  # Chinese target pieces
+    scores = mtrain("eval", "--run", str(out), "--json")
+    assert scores.returncode == 0, scores.stderr
+    scores = json.loads(scores.stdout)
+    assert "tok:zh" in scores["bleu_signature"]
+    assert scores["hypotheses"].endswith("test.hyp.zh")
+    assert 0 <= scores["bleu"] <= 100

@@ -14,7 +14,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["default", "tiny", "base-gpu"])
+@pytest.mark.parametrize("name", ["default", "default-en-zh", "tiny", "base-gpu"])
 def test_shipped_configs_load(name):
     cfg = config.load(REPO / "configs" / f"{name}.yaml")
     assert cfg.model.d_model % cfg.model.n_heads == 0
@@ -53,6 +53,7 @@ def test_unknown_section_is_named(tmp_path):
         ("model:\n  dropout: 1.5\n", r"model\.dropout"),
         ("train:\n  batch_tokens: 10\n", r"train\.batch_tokens"),
         ("tokenizer:\n  joint: 1\n", r"tokenizer\.joint: expected bool"),
+        ("data:\n  swap_columns: zh-en\n", r"data\.swap_columns: expected bool"),
         ("model: 3\n", r"model: expected a mapping"),
         ("- a\n- b\n", r"expected a mapping"),
         ("model: [\n", r"not valid YAML"),

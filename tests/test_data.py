@@ -77,6 +77,15 @@ def test_read_parallel_formats_and_normalisation(tmp_path):
     ]
 
 
+def test_read_parallel_swapped_reads_the_second_text_column_as_source(tmp_path):
+    two, four = tmp_path / "two.tsv", tmp_path / "four.tsv"
+    two.write_text("我是誰\tWho am I?\n", encoding="utf-8")
+    four.write_text("1\t我是誰\t10\tWho am I?\n", encoding="utf-8")
+    for path in (two, four):
+        # Each side is normalised for its own language: the Chinese target becomes simplified.
+        assert read_parallel(path, "en", "zh", swap=True) == [("Who am I?", "我是谁")]
+
+
 def test_read_parallel_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nonly one column\n", encoding="utf-8")

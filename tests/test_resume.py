@@ -61,6 +61,12 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])
+    # train.jsonl: the same steps and rates; the window after the resume point holds the same
+    # batches in both runs, so the same mean loss.
+    logs = [checkpoint.read_log(run / checkpoint.TRAIN_LOG) for run in (whole, parts)]
+    assert [r["step"] for r in logs[0]] == [r["step"] for r in logs[1]] == [10, 20, 30]
+    assert [r["lr"] for r in logs[0]] == [r["lr"] for r in logs[1]]
+    assert logs[0][-1]["loss"] == logs[1][-1]["loss"]
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
