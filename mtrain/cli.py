@@ -236,9 +236,6 @@ def inspect_line(
     return result.translations
 
 
-PROMPT = "zh> "
-
-
 def read_line(prompt: str) -> str:
     """input(), with the prompt on stderr when stdout is not the terminal (`> file`)."""
     if sys.stdout.isatty():
@@ -248,13 +245,13 @@ def read_line(prompt: str) -> str:
     return input()
 
 
-def typed_lines(read: Callable[[str], str] = read_line) -> Iterator[str]:
+def typed_lines(prompt: str, read: Callable[[str], str] = read_line) -> Iterator[str]:
     """Non-empty lines typed at a prompt, until end of input (Ctrl-D); Ctrl-C clears the line."""
     with contextlib.suppress(ImportError):  # not on every platform; input() works without it
         import readline  # noqa: F401  gives input() line editing and history
     while True:
         try:
-            line = read(PROMPT).strip()
+            line = read(prompt).strip()
         except EOFError:
             typer.echo(err=True)
             return
@@ -343,7 +340,7 @@ def translate(
         beam_size, data = translator.decode.beam_size, cfg.data
         languages = f"{data.src_lang}→{data.tgt_lang}"
         log.info("translating %s with %s, beam %d; Ctrl-D leaves", languages, run_dir, beam_size)
-        lines = typed_lines()
+        lines = typed_lines(f"{data.src_lang}> ")
     else:
         lines = texts if texts else (line.rstrip("\r\n") for line in (stream or sys.stdin))
     one_by_one = trace or attention or interactive  # each line shown as soon as it is done
