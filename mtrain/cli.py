@@ -342,9 +342,6 @@ def inspect_line(
     return result.translations
 
 
-PROMPT = "zh> "
-
-
 def read_line(prompt: str) -> str:
     """input(), with the prompt on stderr when stdout is not the terminal (`> file`)."""
     if sys.stdout.isatty():
@@ -354,13 +351,13 @@ def read_line(prompt: str) -> str:
     return input()
 
 
-def typed_lines(read: Callable[[str], str] = read_line) -> Iterator[str]:
+def typed_lines(prompt: str, read: Callable[[str], str] = read_line) -> Iterator[str]:
     """Non-empty lines typed at a prompt, until end of input (Ctrl-D); Ctrl-C clears the line."""
     with contextlib.suppress(ImportError):  # not on every platform; input() works without it
         import readline  # noqa: F401  gives input() line editing and history
     while True:
         try:
-            line = read(PROMPT).strip()
+            line = read(prompt).strip()
         except EOFError:
             typer.echo(err=True)
             return
@@ -463,7 +460,7 @@ def translate(
                     run_dir,
                     translator.decode.beam_size,
                 )
-                lines = typed_lines()
+                lines = typed_lines(f"{data.src_lang}> ")
             else:
                 lines = decode_lines(sys.stdin.buffer, "<stdin>")
             one_by_one = trace or attention or interactive  # each line shown once it is done

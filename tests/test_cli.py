@@ -279,7 +279,7 @@ def test_attention_maps_are_written_per_sentence(run_dir, tmp_path):
 
 
 def test_typed_lines_are_those_typed_until_end_of_input():
-    from mtrain.cli import PROMPT, typed_lines
+    from mtrain.cli import typed_lines
 
     typed = iter(["我是谁", "", "  今天是星期二 ", KeyboardInterrupt, "他不会说英语。"])
     prompts = []
@@ -291,8 +291,8 @@ def test_typed_lines_are_those_typed_until_end_of_input():
             raise line
         return line
 
-    assert list(typed_lines(read)) == ["我是谁", "今天是星期二", "他不会说英语。"]
-    assert prompts == [PROMPT] * 6
+    assert list(typed_lines("zh> ", read)) == ["我是谁", "今天是星期二", "他不会说英语。"]
+    assert prompts == ["zh> "] * 6
 
 
 def read_until(fd: int, text: str, seconds: float = 120) -> str:
