@@ -58,6 +58,16 @@ class BeamStep:
 Observer = Callable[[GreedyStep | BeamStep], None]
 
 
+# Inputs only: the decoder reads <s> first and padding after a sentence, but outputs neither
+# (an output <pad> would be read back as padding without the cache, and as a token with it).
+NEVER_OUTPUT = torch.tensor([PAD_ID, BOS_ID])
+
+
+def allowed(logits: torch.Tensor) -> torch.Tensor:
+    """(b, V) next-token logits, in fp32, with the tokens a search never outputs at -inf."""
+    return logits.float().index_fill(-1, NEVER_OUTPUT.to(logits.device), float("-inf"))
+
+
 def length_limits(src: torch.Tensor, ratio: float, offset: int, cap: int) -> torch.Tensor:
     """(B, S) source ids -> (B,) output limits: ratio × source length + offset, at most cap."""
     src_len = (src != PAD_ID).sum(dim=1).float()
@@ -96,9 +106,10 @@ def greedy(
             logits = model.decode(prefix, memory, src_mask)[:, -1]  # (b, tgt_vocab)
         else:
             logits = model.decode(prefix[:, -1:], memory, src_mask, cache)[:, -1]
+        logits = allowed(logits)
         token = logits.argmax(dim=-1)  # (b,)
         if observe is not None:
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            log_probs = torch.log_softmax(logits, dim=-1)
             observe(GreedyStep(step, rows.tolist(), prefix, log_probs, token.tolist()))
         for row, t in zip(rows.tolist(), token.tolist()):
             if t != EOS_ID:
@@ -146,7 +157,7 @@ def beam_search(
     while not all(done):
         step += 1
         logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (B*k, V)
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = torch.log_softmax(allowed(logits), dim=-1)
         vocab = log_probs.size(-1)
         candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (B, 2k)

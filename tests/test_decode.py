@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mtrain.config import ModelConfig
-from mtrain.decode import beam_search, greedy, length_limits, length_penalty
+from mtrain.decode import allowed, beam_search, greedy, length_limits, length_penalty
 from mtrain.model import Transformer
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -142,6 +142,21 @@ def test_beam_scores_are_log_probabilities(copy_model):
     memory, src_mask = copy_model.encode(src)
     tgt_in = torch.tensor([[BOS_ID, *hyp.tokens]])
     tgt_out = torch.tensor([[*hyp.tokens, EOS_ID]])
-    log_probs = torch.log_softmax(copy_model.decode(tgt_in, memory, src_mask), -1)
+    # over the tokens a search may output
+    log_probs = torch.log_softmax(allowed(copy_model.decode(tgt_in, memory, src_mask)), -1)
     total = log_probs.gather(-1, tgt_out[..., None]).sum().item()
     assert hyp.score == pytest.approx(total / length_penalty(len(hyp.tokens) + 1, 0.6), abs=1e-4)
+
+
+def test_pad_and_start_symbol_are_never_output_and_the_cache_still_agrees():
+    model = small_model(VOCAB, VOCAB, seed=3)
+    with torch.no_grad():  # a model that would rather say <pad> and <s> than anything else
+        model.output_projection.bias[PAD_ID] += 50.0
+        model.output_projection.bias[BOS_ID] += 40.0
+    src = torch.tensor([[5, 9, 12, EOS_ID], [6, 6, 8, EOS_ID]])
+    limits = torch.tensor([6, 6])
+    cached, uncached = greedy(model, src, limits), greedy(model, src, limits, use_cache=False)
+    assert cached == uncached
+    beams = beam_search(model, src, limits, beam_size=3, alpha=0.6, nbest=3)
+    for out in [*cached, *(h.tokens for hyps in beams for h in hyps)]:
+        assert out and PAD_ID not in out and BOS_ID not in out

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from mtrain.decode import beam_search, greedy, length_penalty
+from mtrain.decode import allowed, beam_search, greedy, length_penalty
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtrain.trace import Tracer, format_trace
 
@@ -35,7 +35,7 @@ def full_log_probs(model, src_row: torch.Tensor, tokens: list[int]) -> torch.Ten
     src = src_row[src_row != PAD_ID][None]
     memory, src_mask = model.encode(src)
     logits = model.decode(torch.tensor([[BOS_ID, *tokens]]), memory, src_mask)
-    return torch.log_softmax(logits[0].float(), dim=-1)
+    return torch.log_softmax(allowed(logits[0]), dim=-1)  # over the tokens a search may output
 
 
 @pytest.mark.parametrize("eos_bias", [0.0, 4.0])
