@@ -231,7 +231,9 @@ def masks(inputs: MaskInputs):
 
     def square(ax, mask: torch.Tensor, labels: list[str], title: str) -> None:
         ax.imshow(mask.numpy(), cmap=cmap, vmin=0, vmax=1)
-        ax.set_xticks(range(len(labels)), labels, rotation=90)
+        ax.set_xticks(range(len(labels)), labels)
+        for tick in ax.get_xticklabels():  # words read sideways; a few characters upright
+            tick.set_rotation(0 if len(tick.get_text().lstrip("▁")) <= 3 else 90)
         ax.set_yticks(range(len(labels)), labels)
         ax.set_xlabel("key: position attended to")
         ax.set_ylabel("query: position predicting the next piece")
