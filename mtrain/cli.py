@@ -739,8 +739,11 @@ def info(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """The model part by part as the textbook names it, with parameter counts; the config,
-    the vocabularies, and the run's training time, steps, best dev BLEU and checkpoints."""
+    """The model part by part as the textbook names it, with parameter counts.
+
+    Then the tokenizers' vocabularies, the run's steps, training time, best dev BLEU and
+    checkpoints, and its config.
+    """
     from mtrain import model_map
     from mtrain.model import Transformer
     from mtrain.tokenizer import Tokenizer

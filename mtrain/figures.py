@@ -35,7 +35,6 @@ def use_cjk_font() -> str:
     font_manager.fontManager.addfont(str(path))  # this process only; no config dir is written
     family = font_manager.FontProperties(fname=str(path)).get_name()
     matplotlib.rcParams["font.family"] = family
-    matplotlib.rcParams["axes.unicode_minus"] = False  # the font's own hyphen-minus
     return family
 
 

@@ -5,6 +5,7 @@ Each function returns a matplotlib Figure; `figures.save` writes it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ CURVES = (
     ("dev_bleu", "dev BLEU (greedy)", "validation"),
     ("lr", "learning rate", "train"),
 )
+LOGS = {"train": checkpoint.TRAIN_LOG, "validation": checkpoint.METRICS}
 
 
 @dataclass
@@ -57,11 +59,9 @@ def read_run(run_dir: Path, name: str) -> RunLog:
 
 def run_names(run_dirs: list[Path]) -> list[str]:
     """Legend names: each run's folder name, with its parent's where two names clash."""
-    names = [p.resolve().name for p in run_dirs]
-    return [
-        f"{p.resolve().parent.name}/{n}" if names.count(n) > 1 else n
-        for p, n in zip(run_dirs, names)
-    ]
+    paths = [Path(os.path.abspath(p)) for p in run_dirs]  # "." named, symlinks kept as given
+    names = [p.name for p in paths]
+    return [f"{p.parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
 
 
 def curves(run_dirs: list[Path]):
@@ -87,7 +87,7 @@ def curves(run_dirs: list[Path]):
                 ax.text(
                     0.5,
                     0.5,
-                    f"not logged ({checkpoint.TRAIN_LOG} missing)",
+                    f"not logged (no {LOGS[source]})",
                     ha="center",
                     va="center",
                     transform=ax.transAxes,
@@ -97,8 +97,8 @@ def curves(run_dirs: list[Path]):
             ax.grid(alpha=0.3)
             if key == "lr":
                 ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
-        axes[-1, 0].set_xlabel("step (optimizer updates)")
-        axes[-1, 1].set_xlabel("minutes since the start of training")
+    axes[-1, 0].set_xlabel("step (optimizer updates)")
+    axes[-1, 1].set_xlabel("minutes since the start of training")
     handles = [
         plt.Line2D([], [], color=colours[i % len(colours)], lw=2, label=run.name)
         for i, run in enumerate(logs)
@@ -113,7 +113,7 @@ def curves(run_dirs: list[Path]):
                 ms=12,
                 mfc="white",
                 mec="black",
-                label="average of the last checkpoints",
+                label="averaged checkpoints",
             )
         )
     fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 3), frameon=False)
@@ -231,7 +231,9 @@ def masks(inputs: MaskInputs):
 
     def square(ax, mask: torch.Tensor, labels: list[str], title: str) -> None:
         ax.imshow(mask.numpy(), cmap=cmap, vmin=0, vmax=1)
-        ax.set_xticks(range(len(labels)), labels, rotation=90)
+        ax.set_xticks(range(len(labels)), labels)
+        for tick in ax.get_xticklabels():  # words read sideways; a few characters upright
+            tick.set_rotation(0 if len(tick.get_text().lstrip("▁")) <= 3 else 90)
         ax.set_yticks(range(len(labels)), labels)
         ax.set_xlabel("key: position attended to")
         ax.set_ylabel("query: position predicting the next piece")

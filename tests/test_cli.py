@@ -146,7 +146,7 @@ def test_eval_rejects_misaligned_references(run_dir, tmp_path):
 def test_help_lists_every_command():
     result = mtrain("--help")
     assert result.returncode == 0
-    for command in ("train", "translate", "eval", "average"):
+    for command in ("train", "translate", "eval", "average", "info", "plot"):
         assert command in result.stdout
 
 

@@ -56,6 +56,7 @@ def _assert_every_glyph(fig) -> None:
     from matplotlib.ft2font import FT2Font
     from matplotlib.text import Text
 
+    fig.canvas.draw()  # tick labels exist only once drawn
     path = str(cjk_font_path())
     charmap = FT2Font(path).get_charmap()
     for text in fig.findobj(Text):
