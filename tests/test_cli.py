@@ -279,7 +279,7 @@ def test_attention_maps_are_written_per_sentence(run_dir, tmp_path):
 
 
 def test_typed_lines_are_those_typed_until_end_of_input():
-    from mtrain.cli import typed_lines
+    from mtrain.commands.translate import typed_lines
 
     typed = iter(["我是谁", "", "  今天是星期二 ", KeyboardInterrupt, "他不会说英语。"])
     prompts = []

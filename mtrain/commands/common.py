@@ -1,0 +1,119 @@
+"""What the commands share: options, logging, errors, finding a run and loading it to translate."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtrain import checkpoint, config, runtime
+from mtrain.config import Config
+from mtrain.translate import Translator
+
+RUNS_ROOT = Path("runs")
+
+
+log = logging.getLogger("mtrain")
+
+
+class Quantize(str, enum.Enum):
+    none = "none"
+    int8 = "int8"
+
+
+RunOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--run",
+        help="Run directory to use. Default: the most recently trained run under ./runs/.",
+        file_okay=False,
+    ),
+]
+
+
+BeamOption = Annotated[
+    int | None, typer.Option("--beam", min=1, help="Beam size; 1 is greedy. Default: the run's.")
+]
+
+
+AlphaOption = Annotated[
+    float | None,
+    typer.Option(min=0.0, help="Length penalty exponent for beam search. Default: the run's."),
+]
+
+
+QuantizeOption = Annotated[
+    Quantize,
+    typer.Option(help="int8: dynamic int8 quantization of the linear layers (CPU only)."),
+]
+
+
+DeviceOption = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
+
+
+CheckpointOption = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint",
+        help="Checkpoint in the run directory: best.pt, last.pt, averaged.pt or step-N.pt.",
+    ),
+]
+
+
+# Errors of the user's making (input, files, config, devices): one line each, exit status 2.
+
+
+def error(message: str) -> int:
+    """Print one error line; return the exit status for it."""
+    typer.echo(f"mtrain: error: {message}", err=True)
+    return 2
+
+
+def fail(message: str) -> None:
+    """Stop the command with one error line and exit status 2."""
+    raise typer.Exit(error(message))
+
+
+def setup_logging(quiet: bool = False) -> None:
+    """Log to stderr: progress and information, or warnings and errors only when `quiet`."""
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+
+
+def resolve_run(run: Path | None) -> Path:
+    if run is not None:
+        return run
+    run = checkpoint.latest_run(RUNS_ROOT)
+    log.info("using run %s", run)
+    return run
+
+
+def load_translator(
+    run: Path | None,
+    device: str,
+    beam: int | None,
+    alpha: float | None,
+    quantize: Quantize,
+    which: str,
+    nbest: int = 1,
+) -> tuple[Path, Config, Translator]:
+    """Load a run and wrap it in a Translator with the decoding options asked for."""
+    torch_device = runtime.pick_device(device)
+    runtime.configure(torch_device)
+    run_dir = resolve_run(run)
+    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device, which)
+    if quantize is Quantize.int8:
+        if torch_device.type != "cpu":
+            fail("--quantize int8 runs on the CPU only; add --device cpu")
+        model = runtime.quantize_int8(model)
+    asked = {"beam_size": beam, "alpha": alpha}
+    raw = cfg.to_dict()
+    raw["decode"].update({k: v for k, v in asked.items() if v is not None})
+    decode = config.from_dict(raw, "options").decode  # the run's own checks, e.g. a finite alpha
+    if nbest > decode.beam_size:
+        fail(f"--nbest {nbest} needs --beam {nbest} or more")
+    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)

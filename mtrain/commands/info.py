@@ -1,0 +1,105 @@
+"""`mtrain info`: the model as the textbook names it, with its tokenizers and training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from mtrain import checkpoint, config
+from mtrain.checkpoint import CheckpointError
+from mtrain.commands.common import fail, resolve_run, setup_logging
+from mtrain.config import ConfigError
+
+
+def info(
+    run: Annotated[
+        Path | None,
+        typer.Argument(help="Run directory. Default: the latest run under ./runs/."),
+    ] = None,
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Describe a config's model instead of a run's.", dir_okay=False
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The model part by part as the textbook names it, with parameter counts.
+
+    Then the tokenizers' vocabularies, the run's steps, training time, best dev BLEU and
+    checkpoints, and its config.
+    """
+    from mtrain import model_map
+    from mtrain.model import Transformer
+    from mtrain.tokenizer import Tokenizer
+
+    setup_logging()
+    if run is not None and config_path is not None:
+        fail("give a run or --config, not both")
+    try:
+        if config_path is not None:
+            cfg, tokenizer, summary = config.load(config_path), None, None
+            vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
+        else:
+            run = resolve_run(run)
+            cfg = config.load(run / checkpoint.CONFIG_FILE)
+            tokenizer = Tokenizer.load(run)
+            vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+            summary = checkpoint.training_summary(run)
+    except (CheckpointError, ConfigError, OSError) as e:
+        fail(str(e))
+    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
+    model = Transformer(cfg.model, *vocab, max_len, 0, joint_vocab=cfg.tokenizer.joint)
+    parts = model_map.parts(model)
+    tokenizers = {
+        "joint": cfg.tokenizer.joint,
+        "model_type": cfg.tokenizer.model_type,
+        "src_vocab": vocab[0],
+        "tgt_vocab": vocab[1],
+        "trained": tokenizer is not None,
+    }
+    if as_json:
+        result = {
+            "run": None if run is None else str(run),
+            "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
+            "parameters": model_map.total(parts),
+            "parts": [dataclasses.asdict(p) for p in parts],
+            "tokenizer": tokenizers,
+            "training": summary,
+            "config": cfg.to_dict(),
+        }
+        typer.echo(json.dumps(result, ensure_ascii=False))
+        return
+    echo = typer.echo
+    echo(f"{run or config_path}: {cfg.data.src_lang}→{cfg.data.tgt_lang} Transformer")
+    echo("")
+    for line in model_map.render(parts):
+        echo(line)
+    echo(f"total: {model_map.total(parts):,} parameters (a shared matrix is counted once)")
+    echo("")
+    kind = "one joint model" if cfg.tokenizer.joint else "one model per language"
+    how = "trained" if tokenizer is not None else "configured size, not trained yet"
+    echo(f"tokenizer: SentencePiece {cfg.tokenizer.model_type}, {kind} ({how})")
+    echo(f"  source vocabulary ({cfg.data.src_lang}): {vocab[0]:,} pieces")
+    echo(f"  target vocabulary ({cfg.data.tgt_lang}): {vocab[1]:,} pieces")
+    if summary is not None:
+        echo("")
+        echo(
+            f"training: {summary['steps']:,} steps in {summary['minutes']:.1f} minutes, "
+            f"{summary['validations']} validations"
+        )
+        if summary["best_dev_bleu"] is not None:
+            of = " (the averaged checkpoints)" if summary["best_is_average"] else ""
+            echo(f"  best dev BLEU (greedy): {summary['best_dev_bleu']:.2f}{of}")
+        for name, size in summary["checkpoints"].items():
+            echo(f"  {name:<18}{size / 2**20:8.1f} MiB")
+    echo("")
+    echo("config:")
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    echo(textwrap.indent(text, "  ").rstrip())

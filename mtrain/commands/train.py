@@ -1,0 +1,139 @@
+"""`mtrain train`: one process, or one of several under torchrun."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtrain import checkpoint, config, runtime
+from mtrain.commands.common import RUNS_ROOT, DeviceOption, fail, log, setup_logging
+from mtrain.config import Config
+from mtrain.files import LOCK_FILE, DirectoryLock, remove_leftovers
+
+RESUMABLE_KEYS = {"max_steps", "max_minutes"}  # train.* keys a resumed run may change
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory that mtrain trained into (or began to)."""
+    return (path / checkpoint.CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
+
+
+def check_resumable(run_dir: Path, cfg: Config) -> None:
+    """Refuse to resume a run with a config other than its own (but for its limits)."""
+    saved = config.load(run_dir / checkpoint.CONFIG_FILE).to_dict()
+    new = cfg.to_dict()
+    for section, values in new.items():
+        for key, value in values.items():
+            if saved[section][key] != value and not (section == "train" and key in RESUMABLE_KEYS):
+                fail(
+                    f"{run_dir} was trained with {section}.{key}={saved[section][key]!r}, not "
+                    f"{value!r}; use the run's own config or another --out"
+                )
+
+
+def train(
+    config_path: Annotated[
+        Path, typer.Option("--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="Override one config key, e.g. --set train.lr=3e-4 (repeatable)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Run directory. Default: runs/<config name>-<date-time>. If it holds a "
+            "checkpoint, training resumes from it: re-running the same command continues an "
+            "interrupted run exactly (train.max_steps and train.max_minutes may be raised)."
+        ),
+    ] = None,
+    device: DeviceOption = "auto",
+    peer_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Under torchrun: minutes a process waits for the others before it gives up "
+            "with an error (rank 0's validations must fit in it).",
+        ),
+    ] = 5.0,
+) -> None:
+    """Train a model; writes config, tokenizers, checkpoints and metrics into a run directory.
+
+    Ctrl-C (or SIGTERM) saves a checkpoint after the current step and exits with status 130;
+    a second Ctrl-C exits at once. Under `torchrun --nproc_per_node N -m mtrain train ...`,
+    N processes train one model with DistributedDataParallel; rank 0 writes the run.
+    """
+    from mtrain import distributed  # these keep `translate` light
+    from mtrain.train import Interrupted, NonFiniteLoss, RunWriteError, Trainer
+
+    group = distributed.from_env()
+    setup_logging(quiet=not group.is_main)
+    cfg = config.load(config_path, overrides or [])
+    torch_device = runtime.pick_device(device, group.local_rank)
+    run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    for key in ("train", "dev", "test"):
+        path = Path(getattr(cfg.data, key))
+        if not path.is_file():
+            fail(f"{config_path}: data.{key}: no such file {path}")
+        setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
+    if group.is_main:
+        check_out(run_dir)
+    distributed.start(group, torch_device, peer_timeout)
+    try:
+        # Rank 0 alone owns the run directory; the others get what they need from it.
+        with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
+            resume = group.is_main and open_run(run_dir, cfg)
+            trainer = Trainer(cfg, run_dir, torch_device, resume, group)
+            if group.is_main:
+                checkpoint.write_config(run_dir, cfg)  # once the run is known to be resumable
+            best = trainer.run()
+    except (NonFiniteLoss, RunWriteError) as e:
+        fail(str(e))
+    except Interrupted as e:
+        if group.is_main:
+            typer.echo(
+                f"mtrain: {e}; checkpoint saved in {run_dir}; run the same command to resume",
+                err=True,
+            )
+        raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        last = run_dir / checkpoint.LAST
+        kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
+        typer.echo(f"mtrain: stopped; {kept}", err=True)
+        raise typer.Exit(130) from None
+    except RuntimeError as e:  # torch.distributed's errors: a rank died, hung or disagreed
+        if not group.active:
+            raise
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        fail(f"rank {group.rank}: lost the other training processes ({first_line[:200]})")
+    finally:
+        distributed.stop(group)
+    if group.is_main:
+        log.info("best dev BLEU %.2f", best)
+        typer.echo(str(run_dir))
+
+
+def check_out(run_dir: Path) -> None:
+    """Make the run directory, refusing one that holds anything but a run."""
+    if run_dir.exists() and not run_dir.is_dir():
+        fail(f"--out {run_dir}: exists and is not a directory")
+    if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
+        fail(f"--out {run_dir}: holds other files and no run; use a new or empty directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def open_run(run_dir: Path, cfg: Config) -> bool:
+    """Clean a locked run directory of what a killed run left; return whether to resume."""
+    for leftover in remove_leftovers(run_dir):
+        log.info("removed %s, left by an interrupted write", leftover)
+    resume = (run_dir / checkpoint.LAST).exists()
+    if resume:
+        check_resumable(run_dir, cfg)
+    log.info("run directory %s", run_dir)
+    return resume

@@ -1,0 +1,251 @@
+"""`mtrain translate`: sentences, files, pipes or a prompt; with --trace and --attention."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from tqdm import tqdm
+
+from mtrain import checkpoint
+from mtrain.attention import AttentionRecorder, save_figures
+from mtrain.commands.common import (
+    AlphaOption,
+    BeamOption,
+    CheckpointOption,
+    DeviceOption,
+    Quantize,
+    QuantizeOption,
+    RunOption,
+    fail,
+    load_translator,
+    log,
+    setup_logging,
+)
+from mtrain.data import decode_lines
+from mtrain.files import atomic_open
+from mtrain.tokenizer import BOS_ID, EOS_ID
+from mtrain.trace import Tracer, format_trace
+from mtrain.translate import Translation, Translator
+
+
+def write_translations(out, number: int, translations: list[Translation], nbest: int) -> None:
+    """One line (or `nbest` "LINE ||| TRANSLATION ||| SCORE" lines) for input line `number`."""
+    if nbest == 1:
+        out.write(translations[0].text + "\n")
+    else:
+        out.writelines(f"{number} ||| {t.text} ||| {t.score:.4f}\n" for t in translations)
+
+
+def inspect_line(
+    translator: Translator, text: str, number: int, trace_k: int | None, attention: Path | None
+) -> list[Translation]:
+    """Translate one line alone; print its trace on stderr and/or draw its attention maps."""
+    tracer = Tracer(trace_k) if trace_k else None
+    recorder = AttentionRecorder(translator.model) if attention else None
+    observers = [o for o in (tracer, recorder) if o is not None]
+    with recorder or contextlib.nullcontext():
+        result = translator.inspect(text, lambda event: [o(event) for o in observers])
+    if not result.src:  # an empty line: nothing was searched
+        return result.translations
+    tokenizer = translator.tokenizer
+    if tracer is not None:
+        best = result.translations[0]
+        score = "" if best.score is None else f"   (score {best.score:.4f})"
+        trace = format_trace(result.src, tracer.steps[0], tokenizer, text)
+        typer.echo(f"{trace}\ntranslation: {best.text}{score}\n", err=True)
+    if recorder is not None:
+        tokens = result.hypotheses[0].tokens
+        maps = recorder.maps(tokens)
+        ended = maps.cross[0].size(1) > len(tokens)  # a last query row that chose </s>
+        out_ids = [*tokens, EOS_ID] if ended else tokens
+        paths = save_figures(
+            maps,
+            tokenizer.src.id_to_piece(result.src),
+            tokenizer.tgt.id_to_piece([BOS_ID, *out_ids[:-1]]),
+            tokenizer.tgt.id_to_piece(out_ids),
+            f"{text} → {result.translations[0].text}",
+            attention / f"{number + 1:03d}",
+        )
+        log.info("attention maps of line %d: %s", number + 1, " ".join(map(str, paths)))
+    return result.translations
+
+
+def read_line(prompt: str) -> str:
+    """input(), with the prompt on stderr when stdout is not the terminal (`> file`)."""
+    if sys.stdout.isatty():
+        return input(prompt)
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return input()
+
+
+def typed_lines(prompt: str, read: Callable[[str], str] = read_line) -> Iterator[str]:
+    """Non-empty lines typed at a prompt, until end of input (Ctrl-D); Ctrl-C clears the line."""
+    with contextlib.suppress(ImportError):  # not on every platform; input() works without it
+        import readline  # noqa: F401  gives input() line editing and history
+    while True:
+        try:
+            line = read(prompt).strip()
+        except EOFError:
+            typer.echo(err=True)
+            return
+        except KeyboardInterrupt:
+            typer.echo(err=True)
+            continue
+        if line:
+            yield line
+
+
+def translate(
+    texts: Annotated[
+        list[str] | None,
+        typer.Argument(help="Sentences to translate. Default: lines of --input, or of stdin."),
+    ] = None,
+    input_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Translate this file, one sentence per line.",
+            dir_okay=False,
+            exists=True,
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write translations here instead of stdout."),
+    ] = None,
+    run: RunOption = None,
+    beam: BeamOption = None,
+    alpha: AlphaOption = None,
+    nbest: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Print the N best translations of each line as "
+            "'LINE ||| TRANSLATION ||| SCORE' (LINE counts from 0).",
+        ),
+    ] = 1,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            help="Print on stderr how each sentence is decoded: its source pieces and ids, then "
+            "every step (decoder input, the likeliest next pieces, the choice; with --beam: the "
+            "live hypotheses and which survive or finish).",
+        ),
+    ] = False,
+    trace_k: Annotated[
+        int, typer.Option("--trace-k", min=1, help="Next pieces shown per step by --trace.")
+    ] = 5,
+    attention: Annotated[
+        Path | None,
+        typer.Option(
+            "--attention",
+            help="Draw each sentence's attention weights (cross-attention, encoder and decoder "
+            "self-attention, every layer and head) as PNG files into this directory.",
+            file_okay=False,
+        ),
+    ] = None,
+    quantize: QuantizeOption = Quantize.none,
+    which: CheckpointOption = checkpoint.BEST,
+    device: DeviceOption = "auto",
+) -> None:
+    """Translate sentences; one output line per input line, in input order.
+
+    Input comes from the arguments, --input, or stdin; it is read and translated in chunks, so
+    files of any length work in bounded memory. An empty line gives an empty line. --output is
+    written under a temporary name and renamed when complete. On a terminal, with no sentences
+    and nothing piped in, it prompts for sentences one at a time (Ctrl-D leaves).
+    """
+    setup_logging()
+    if texts and input_path:
+        fail("give sentences as arguments or --input, not both")
+    run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
+    if output is not None:
+        check_output(output, [input_path] if input_path else [], run_dir)
+    for number, text in enumerate(texts or [], 1):
+        if not is_utf8(text):
+            fail(f"argument {number}: not valid UTF-8")
+    if attention:
+        attention.mkdir(parents=True, exist_ok=True)
+    interactive = not texts and not input_path and sys.stdin.isatty()
+    # SIGTERM unwinds like Ctrl-C, so that a half-written --output is removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with contextlib.ExitStack() as stack:
+            if texts:
+                lines = texts
+            elif input_path:
+                lines = decode_lines(stack.enter_context(input_path.open("rb")), str(input_path))
+            elif interactive:
+                data = cfg.data
+                log.info(
+                    "translating %s→%s with %s, beam %d; Ctrl-D leaves",
+                    data.src_lang,
+                    data.tgt_lang,
+                    run_dir,
+                    translator.decode.beam_size,
+                )
+                lines = typed_lines(f"{data.src_lang}> ")
+            else:
+                lines = decode_lines(sys.stdin.buffer, "<stdin>")
+            one_by_one = trace or attention or interactive  # each line shown once it is done
+            if one_by_one:
+                trace_k_or_none = trace_k if trace else None
+                results = (
+                    inspect_line(translator, line, number, trace_k_or_none, attention)
+                    for number, line in enumerate(lines)
+                )
+            else:
+                results = translator.stream(lines)
+            out = (
+                stack.enter_context(atomic_open(output, "w", encoding="utf-8"))
+                if output
+                else sys.stdout
+            )
+            bar = (input_path or output) and not interactive
+            progress = stack.enter_context(tqdm(desc="translate", unit=" lines", disable=not bar))
+            for number, translations in enumerate(results):
+                write_translations(out, number, translations, nbest)
+                if one_by_one:
+                    out.flush()
+                progress.update(1)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        kept = f"; {output} was not written" if output else ""
+        typer.echo(f"mtrain: interrupted{kept}", err=True)
+        raise typer.Exit(130) from None
+
+
+def check_output(output: Path, inputs: list[Path], run_dir: Path) -> None:
+    """Refuse an --output that cannot be written, or that would overwrite what is being read:
+    the input, or a file of the run (model, tokenizer, config)."""
+    if output.is_dir():
+        fail(f"--output {output}: is a directory")
+    if not output.parent.is_dir():
+        fail(f"--output {output}: no such directory {output.parent}")
+    if not output.exists():
+        return
+    if any(output.samefile(path) for path in inputs):
+        fail(f"--output {output}: is the input file; write the translations elsewhere")
+    if any(output.samefile(path) for path in run_dir.iterdir() if path.is_file()):
+        fail(f"--output {output}: is a file of the run {run_dir}; write the translations elsewhere")
+
+
+def is_utf8(text: str) -> bool:
+    """False for text that came from bytes that are not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
