@@ -64,8 +64,11 @@ NEVER_OUTPUT = torch.tensor([PAD_ID, BOS_ID])
 
 
 def allowed(logits: torch.Tensor) -> torch.Tensor:
-    """(b, V) next-token logits, in fp32, with the tokens a search never outputs at -inf."""
-    return logits.float().index_fill(-1, NEVER_OUTPUT.to(logits.device), float("-inf"))
+    """(..., V) next-token logits, in fp32, with the tokens a search never outputs at -inf.
+
+    In place when the logits are fp32 already: they are a step's fresh output, used once.
+    """
+    return logits.float().index_fill_(-1, NEVER_OUTPUT.to(logits.device), float("-inf"))
 
 
 def length_limits(src: torch.Tensor, ratio: float, offset: int, cap: int) -> torch.Tensor:
