@@ -10,7 +10,7 @@ import torch
 from mtrain import config
 from mtrain.config import ModelConfig
 from mtrain.model import Transformer
-from mtrain.tokenizer import PAD_ID
+from mtrain.tokenizer import EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS_ZH = "零一二三四五六七八九"
@@ -58,3 +58,11 @@ def overrides(corpus, **train_keys) -> list[str]:
 
 def small_config(corpus, **train_keys) -> config.Config:
     return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus, **train_keys))
+
+
+def model_ending_early(vocab: int, eos_bias: float, seed: int = 0) -> Transformer:
+    """A small random model; a larger `eos_bias` makes it end sentences with </s> sooner."""
+    model = small_model(vocab, vocab, seed=seed)
+    with torch.no_grad():
+        model.output_projection.bias[EOS_ID] += eos_bias
+    return model

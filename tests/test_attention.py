@@ -14,21 +14,13 @@ from mtrain.decode import beam_search, greedy
 from mtrain.figures import cjk_font_path, use_cjk_font
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-from .synthetic import small_model
+from .synthetic import model_ending_early, small_model
 
 VOCAB = 20
 
 
 def biased_model(seed=0, eos_bias=2.0):
-    """A random model; a larger `eos_bias` makes it end sentences with </s> sooner.
-
-    It never outputs <pad>, which a teacher-forced pass would take for padding and hide.
-    """
-    model = small_model(VOCAB, VOCAB, seed=seed)
-    with torch.no_grad():
-        model.output_projection.bias[EOS_ID] += eos_bias
-        model.output_projection.bias[PAD_ID] = -1e4
-    return model
+    return model_ending_early(VOCAB, eos_bias, seed)
 
 
 def teacher_forced_weights(model, src, tgt_in):

@@ -9,21 +9,9 @@ from mtrain.decode import allowed, beam_search, greedy, length_penalty
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtrain.trace import Tracer, format_trace
 
-from .synthetic import small_model
+from .synthetic import model_ending_early, small_model
 
 VOCAB = 20
-
-
-def model_ending_early(eos_bias: float, seed: int = 0):
-    """A random model; a larger `eos_bias` makes it end sentences with </s> sooner.
-
-    It never outputs <pad>, which a teacher-forced pass would take for padding and hide.
-    """
-    model = small_model(VOCAB, VOCAB, seed=seed)
-    with torch.no_grad():
-        model.output_projection.bias[EOS_ID] += eos_bias
-        model.output_projection.bias[PAD_ID] = -1e4
-    return model
 
 
 def sources():
@@ -40,7 +28,7 @@ def full_log_probs(model, src_row: torch.Tensor, tokens: list[int]) -> torch.Ten
 
 @pytest.mark.parametrize("eos_bias", [0.0, 4.0])
 def test_greedy_trace_shows_the_probabilities_of_a_full_forward_pass(eos_bias):
-    model = model_ending_early(eos_bias)
+    model = model_ending_early(VOCAB, eos_bias)
     src, limits = sources(), torch.tensor([9, 6])
     tracer = Tracer(k=4)
     outputs = greedy(model, src, limits, observe=tracer)
@@ -67,7 +55,7 @@ def test_greedy_trace_shows_the_probabilities_of_a_full_forward_pass(eos_bias):
 
 @pytest.mark.parametrize("eos_bias", [0.0, 2.0])
 def test_beam_trace_shows_the_log_probabilities_of_a_full_forward_pass(eos_bias):
-    model = model_ending_early(eos_bias, seed=1)
+    model = model_ending_early(VOCAB, eos_bias, seed=1)
     src, limits, alpha = sources(), torch.tensor([7, 5]), 0.6
     tracer = Tracer()
     best = beam_search(model, src, limits, beam_size=3, alpha=alpha, observe=tracer)
