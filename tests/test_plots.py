@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from mtrain import plots, train
-from mtrain.cli import app
+from mtrain.cli import app, main
 from mtrain.figures import cjk_font_path, save, use_cjk_font
 from mtrain.model import causal_mask, padding_mask
 from mtrain.tokenizer import PAD_ID
@@ -103,10 +103,13 @@ def test_curves_of_a_run_logged_before_train_jsonl(two_runs, tmp_path):
     assert any("not logged" in t for t in _texts(fig))
 
 
-def test_curves_refuses_a_folder_that_is_not_a_run(tmp_path):
-    result = CliRunner().invoke(app, ["plot", "curves", str(tmp_path)])
-    assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and "mtrain: error:" in result.output
+def test_curves_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # through main(), which makes errors one line
+        main(["plot", "curves", str(tmp_path)])
+    assert exit_.value.code == 2
+    output = capsys.readouterr()
+    assert output.out == ""
+    assert output.err.count("\n") == 1 and "mtrain: error:" in output.err
 
 
 def test_positional_heatmap_is_the_models_encoding(tmp_path):

@@ -64,9 +64,6 @@ CheckpointOption = Annotated[
 ]
 
 
-# Errors of the user's making (input, files, config, devices): one line each, exit status 2.
-
-
 def error(message: str) -> int:
     """Print one error line; return the exit status for it."""
     typer.echo(f"mtrain: error: {message}", err=True)

@@ -12,9 +12,7 @@ import typer
 import yaml
 
 from mtrain import checkpoint, config
-from mtrain.checkpoint import CheckpointError
 from mtrain.commands.common import fail, resolve_run, setup_logging
-from mtrain.config import ConfigError
 
 
 def info(
@@ -42,18 +40,15 @@ def info(
     setup_logging()
     if run is not None and config_path is not None:
         fail("give a run or --config, not both")
-    try:
-        if config_path is not None:
-            cfg, tokenizer, summary = config.load(config_path), None, None
-            vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
-        else:
-            run = resolve_run(run)
-            cfg = config.load(run / checkpoint.CONFIG_FILE)
-            tokenizer = Tokenizer.load(run)
-            vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-            summary = checkpoint.training_summary(run)
-    except (CheckpointError, ConfigError, OSError) as e:
-        fail(str(e))
+    if config_path is not None:
+        cfg, tokenizer, summary = config.load(config_path), None, None
+        vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
+    else:
+        run = resolve_run(run)
+        cfg = config.load(run / checkpoint.CONFIG_FILE)
+        tokenizer = Tokenizer.load(run)
+        vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+        summary = checkpoint.training_summary(run)
     max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
     model = Transformer(cfg.model, *vocab, max_len, 0, joint_vocab=cfg.tokenizer.joint)
     parts = model_map.parts(model)

@@ -18,7 +18,7 @@ from mtrain.commands.common import (
     resolve_run,
     setup_logging,
 )
-from mtrain.config import Config, ConfigError
+from mtrain.config import Config
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -39,12 +39,9 @@ def curves(
     Reads each run's metrics.jsonl and train.jsonl; prints the PNG's path.
     """
     from mtrain import plots
-    from mtrain.figures import FigureError, save
+    from mtrain.figures import save
 
-    try:
-        typer.echo(str(save(plots.curves(runs), output)))
-    except (CheckpointError, FigureError, OSError) as e:
-        fail(str(e))
+    typer.echo(str(save(plots.curves(runs), output)))
 
 
 def optional_run(run: Path | None) -> Path | None:
@@ -70,16 +67,13 @@ def positional(
     Without a run (and none under ./runs/), default.yaml's d_model and lengths are used.
     """
     from mtrain import plots
-    from mtrain.figures import FigureError, save
+    from mtrain.figures import save
 
     setup_logging()
     run = optional_run(run)
-    try:
-        cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
-        max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)  # as checkpoint.build_model
-        typer.echo(str(save(plots.positional(cfg.model.d_model, max_len), output)))
-    except (ConfigError, FigureError, OSError) as e:
-        fail(str(e))
+    cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
+    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)  # as checkpoint.build_model
+    typer.echo(str(save(plots.positional(cfg.model.d_model, max_len), output)))
 
 
 @app.command()
@@ -100,35 +94,32 @@ def masks(
     Pieces come from the run's tokenizers; with no run at all, each character is a piece.
     """
     from mtrain import plots
-    from mtrain.figures import FigureError, save
+    from mtrain.figures import save
     from mtrain.text import normalize
 
     setup_logging()
     if tgt and len(tgt) != len(texts):
         fail(f"{len(texts)} sentences but {len(tgt)} --tgt")
     run = optional_run(run)
-    try:
-        if run is None:
-            log.info("no run: one piece per character (source) and per word (--tgt)")
-            src_pieces = [list(t) for t in texts]
-            tgt_pieces = [t.split() for t in tgt] if tgt else None
-            src_ids = [list(range(4, 4 + len(p))) for p in src_pieces]  # any non-padding ids
-            tgt_ids = [list(range(4, 4 + len(p))) for p in tgt_pieces] if tgt else None
-            max_src_len = Config().data.max_src_len
-        else:
-            _, cfg, translator = load_translator(run, "cpu", 1, None, Quantize.none, "best.pt")
-            sources = [normalize(t, cfg.data.src_lang) for t in texts]
-            if not tgt:
-                tgt = translator.translate(sources)
-                log.info("targets (greedy translations): %s", " | ".join(tgt))
-            tok = translator.tokenizer
-            src_ids = tok.encode_src(sources)
-            tgt_ids = tok.encode_tgt([normalize(t, cfg.data.tgt_lang) for t in tgt])
-            tgt_ids = [ids[: cfg.data.max_tgt_len - 1] for ids in tgt_ids]  # as encode_pairs
-            src_pieces = [[tok.src.id_to_piece(i) for i in ids] for ids in src_ids]
-            tgt_pieces = [[tok.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids]
-            max_src_len = cfg.data.max_src_len
-        inputs = plots.mask_inputs(src_ids, src_pieces, tgt_ids, tgt_pieces, max_src_len)
-        typer.echo(str(save(plots.masks(inputs), output)))
-    except (CheckpointError, FigureError, OSError) as e:
-        fail(str(e))
+    if run is None:
+        log.info("no run: one piece per character (source) and per word (--tgt)")
+        src_pieces = [list(t) for t in texts]
+        tgt_pieces = [t.split() for t in tgt] if tgt else None
+        src_ids = [list(range(4, 4 + len(p))) for p in src_pieces]  # any non-padding ids
+        tgt_ids = [list(range(4, 4 + len(p))) for p in tgt_pieces] if tgt else None
+        max_src_len = Config().data.max_src_len
+    else:
+        _, cfg, translator = load_translator(run, "cpu", 1, None, Quantize.none, "best.pt")
+        sources = [normalize(t, cfg.data.src_lang) for t in texts]
+        if not tgt:
+            tgt = translator.translate(sources)
+            log.info("targets (greedy translations): %s", " | ".join(tgt))
+        tok = translator.tokenizer
+        src_ids = tok.encode_src(sources)
+        tgt_ids = tok.encode_tgt([normalize(t, cfg.data.tgt_lang) for t in tgt])
+        tgt_ids = [ids[: cfg.data.max_tgt_len - 1] for ids in tgt_ids]  # as encode_pairs
+        src_pieces = [[tok.src.id_to_piece(i) for i in ids] for ids in src_ids]
+        tgt_pieces = [[tok.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids]
+        max_src_len = cfg.data.max_src_len
+    inputs = plots.mask_inputs(src_ids, src_pieces, tgt_ids, tgt_pieces, max_src_len)
+    typer.echo(str(save(plots.masks(inputs), output)))
