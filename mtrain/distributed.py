@@ -15,6 +15,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# Start-up (reading the corpora, training the tokenizer, loading a checkpoint) can keep rank 0
+# busy far longer than any exchange of training while the others wait for what it sends: its
+# exchanges go through a group of their own, with this bound instead of the peer timeout. A
+# process that exits closes its connections, so the others learn of it at once even so.
+STARTUP_TIMEOUT = timedelta(days=1)
+_startup_group: dist.ProcessGroup | None = None  # gloo over the CPU, with STARTUP_TIMEOUT
+
 
 class DistributedError(RuntimeError):
     """A process of the group died, hung or disagreed; the message says which."""
@@ -35,13 +42,20 @@ class Group:
     def active(self) -> bool:
         return self.world_size > 1
 
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
+    def broadcast(self, obj: Any, startup: bool = False) -> Any:
+        """Rank 0's `obj` on every rank; `startup`: sent at start-up, where the others may wait
+        for it up to STARTUP_TIMEOUT rather than the peer timeout."""
         if not self.active:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=_startup_group if startup else None)
         return box[0]
+
+    def end_startup(self) -> None:
+        """Wait until every rank has started up (up to STARTUP_TIMEOUT): from here on, an
+        exchange that waits longer than the peer timeout fails."""
+        if self.active:
+            dist.barrier(group=_startup_group)
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""
@@ -67,7 +81,9 @@ def from_env() -> Group:
 
 
 def start(group: Group, device: torch.device, timeout_minutes: float) -> None:
-    """Join the group's process group; a collective that waits longer than the timeout fails."""
+    """Join the group's process group; once start-up is over (`Group.end_startup`), an
+    exchange that waits longer than `timeout_minutes` fails."""
+    global _startup_group
     if not group.active:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -80,8 +96,21 @@ def start(group: Group, device: torch.device, timeout_minutes: float) -> None:
         timeout=timedelta(minutes=timeout_minutes),
         device_id=device if device.type == "cuda" else None,
     )
+    _startup_group = dist.new_group(backend="gloo", timeout=STARTUP_TIMEOUT)
 
 
 def stop(group: Group) -> None:
+    global _startup_group
     if group.active and dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # and the start-up group with it
+    _startup_group = None
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether `error` says that another process died, hung or could not be reached, rather
+    than that this one failed: a lost peer is worth one line, a bug its traceback."""
+    if isinstance(error, dist.DistError):  # NCCL's, the rendezvous store's and the network's
+        return True
+    # gloo raises plain RuntimeErrors, each naming its source file under gloo/ ("Connection
+    # closed by peer", "Timed out waiting 300000ms for recv operation to complete").
+    return isinstance(error, RuntimeError) and "gloo" in str(error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,11 @@ from mtrain import checkpoint, config, runtime
 from mtrain.commands.common import RUNS_ROOT, DeviceOption, fail, log, setup_logging
 from mtrain.config import Config
 from mtrain.files import LOCK_FILE, DirectoryLock, remove_leftovers
+
+if TYPE_CHECKING:
+    import torch
+
+    from mtrain.distributed import Group
 
 RESUMABLE_KEYS = {"max_steps", "max_minutes"}  # train.* keys a resumed run may change
 
@@ -58,8 +63,9 @@ def train(
         float,
         typer.Option(
             min=0.1,
-            help="Under torchrun: minutes a process waits for the others before it gives up "
-            "with an error (rank 0's validations must fit in it).",
+            help="Under torchrun: minutes a process waits for the others, once training has "
+            "started, before it gives up with an error (rank 0's validations must fit in it; "
+            "start-up, where rank 0 trains the tokenizer, may take up to a day).",
         ),
     ] = 5.0,
 ) -> None:
@@ -69,31 +75,51 @@ def train(
     a second Ctrl-C exits at once. Under `torchrun --nproc_per_node N -m mtrain train ...`,
     N processes train one model with DistributedDataParallel; rank 0 writes the run.
     """
-    from mtrain import distributed  # these keep `translate` light
-    from mtrain.train import Interrupted, NonFiniteLoss, RunWriteError, Trainer
+    from mtrain import distributed  # imported here: keeps `translate` light
 
     group = distributed.from_env()
     setup_logging(quiet=not group.is_main)
-    cfg = config.load(config_path, overrides or [])
+    cfg = load_config(config_path, overrides or [])
     torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    for key in ("train", "dev", "test"):
-        path = Path(getattr(cfg.data, key))
-        if not path.is_file():
-            fail(f"{config_path}: data.{key}: no such file {path}")
-        setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
     if group.is_main:
         check_out(run_dir)
     distributed.start(group, torch_device, peer_timeout)
     try:
+        best = run_training(cfg, run_dir, torch_device, group)
+    finally:
+        distributed.stop(group)
+    if group.is_main:
+        log.info("best dev BLEU %.2f", best)
+        typer.echo(str(run_dir))
+
+
+def load_config(config_path: Path, overrides: list[str]) -> Config:
+    """The config, its data files made absolute: the run works from any directory."""
+    cfg = config.load(config_path, overrides)
+    for key in ("train", "dev", "test"):
+        path = Path(getattr(cfg.data, key))
+        if not path.is_file():
+            fail(f"{config_path}: data.{key}: no such file {path}")
+        setattr(cfg.data, key, str(path.resolve()))
+    return cfg
+
+
+def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group) -> float:
+    """Train into `run_dir` as this process of `group`; return the best dev BLEU. Each way a
+    run stops early becomes one line, but for a bug, which keeps its traceback."""
+    from mtrain import distributed
+    from mtrain.train import Interrupted, NonFiniteLoss, OutOfMemory, RunWriteError, Trainer
+
+    try:
         # Rank 0 alone owns the run directory; the others get what they need from it.
         with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
             resume = group.is_main and open_run(run_dir, cfg)
-            trainer = Trainer(cfg, run_dir, torch_device, resume, group)
+            trainer = Trainer(cfg, run_dir, device, resume, group)
             if group.is_main:
                 checkpoint.write_config(run_dir, cfg)  # once the run is known to be resumable
-            best = trainer.run()
-    except (NonFiniteLoss, RunWriteError) as e:
+            return trainer.run()
+    except (NonFiniteLoss, OutOfMemory, RunWriteError) as e:
         fail(str(e))
     except Interrupted as e:
         if group.is_main:
@@ -107,16 +133,13 @@ def train(
         kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
         typer.echo(f"mtrain: stopped; {kept}", err=True)
         raise typer.Exit(130) from None
-    except RuntimeError as e:  # torch.distributed's errors: a rank died, hung or disagreed
-        if not group.active:
-            raise
+    except RuntimeError as e:
+        if not (group.active and distributed.is_peer_loss(e)):
+            raise  # a bug: its traceback says where
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fail(f"rank {group.rank}: lost the other training processes ({first_line[:200]})")
-    finally:
-        distributed.stop(group)
-    if group.is_main:
-        log.info("best dev BLEU %.2f", best)
-        typer.echo(str(run_dir))
+        raise distributed.DistributedError(
+            f"rank {group.rank}: lost the other training processes ({first_line[:200]})"
+        ) from None
 
 
 def check_out(run_dir: Path) -> None:

@@ -1,0 +1,79 @@
+"""When training validates and stops: the step and time budgets, early stopping, Ctrl-C and
+SIGTERM; under torchrun, rank 0 decides and tells the others after every update."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+from collections.abc import Iterator
+
+from mtrain.config import TrainConfig
+from mtrain.distributed import Group
+
+log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# What every process does after an update.
+GO = "go"  # on to the next update
+VALIDATE = "validate"  # validate and checkpoint, then go on
+FINAL = "final"  # validate and checkpoint for the last time
+STOP = "stop"  # stop: the last validation was of this very step
+INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
+
+
+class Coordinator:
+    """The decisions of a run that every process must take alike."""
+
+    def __init__(self, cfg: TrainConfig, group: Group):
+        self.cfg, self.group = cfg, group
+        self.budget = cfg.max_minutes or math.inf
+        self.reserve = 0.0  # minutes the last validation took: keep room for a final one
+        self.validated_step: int | None = None  # the step this process last validated
+        self.stop_requested = False
+
+    @contextlib.contextmanager
+    def stop_signals(self) -> Iterator[None]:
+        """Within this block, SIGINT and SIGTERM ask training to stop after the update."""
+        handlers = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_requested:  # second Ctrl-C: stop at once; checkpoints are written atomically
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        if self.group.is_main:
+            log.warning(
+                "%s: saving a checkpoint after this step (again to stop at once)",
+                signal.Signals(signum).name,
+            )
+
+    def next_action(self, step: int, minutes: float, updated: bool) -> str:
+        """What every process does after an update, as rank 0 decides; `updated` is false
+        after a skipped update, which leaves nothing new to validate but may still end the run."""
+        if self.stop_requested:
+            action = INTERRUPT
+        elif step >= self.cfg.max_steps or minutes + self.reserve >= self.budget:
+            action = STOP if step == self.validated_step else FINAL
+        elif updated and step % self.cfg.eval_every == 0:
+            action = VALIDATE
+        else:
+            action = GO
+        return self.group.broadcast(action)
+
+    def validated(self, step: int, minutes_taken: float) -> None:
+        """Note a validation (rank 0): the next ones, and the average's, need as long."""
+        self.validated_step = step
+        self.reserve = minutes_taken * (2 if self.cfg.average_last else 1)
+
+    def patience_out(self, stale: int) -> bool:
+        """Whether dev BLEU has not improved for `train.patience` validations (as rank 0 saw)."""
+        out = self.group.broadcast(bool(self.cfg.patience) and stale >= self.cfg.patience)
+        if out:
+            log.info("no better dev BLEU in %d validations: stopping", stale)
+        return out

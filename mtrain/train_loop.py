@@ -1,0 +1,106 @@
+"""The loop of a run: updates, with validations and checkpoints between them, until a budget,
+early stopping or a signal ends it; then the average of the last checkpoints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mtrain import runtime
+from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator
+from mtrain.training_log import RunLog, run_log
+
+if TYPE_CHECKING:
+    from mtrain.train import Trainer
+
+
+class RunWriteError(OSError):
+    """A file of the run could not be written; the message says what was kept."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
+
+    def __init__(self, step: int):
+        super().__init__(f"interrupted at step {step}")
+        self.step = step
+
+
+def run(trainer: Trainer) -> float:
+    """Train until max_steps or the time budget; return the best dev BLEU.
+
+    SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
+    Under torchrun, rank 0 decides when to validate and stop, and tells the others.
+    """
+    tcfg, main = trainer.cfg.train, trainer.group.is_main
+    coordinator = Coordinator(tcfg, trainer.group)
+    # Under a time budget the step count is unknown: show no misleading ETA.
+    total = None if tcfg.max_minutes else tcfg.max_steps
+    try:
+        with (
+            coordinator.stop_signals(),
+            run_log(trainer.run_dir, main, trainer.step, total) as logs,
+        ):
+            train_updates(trainer, coordinator, logs)
+            if tcfg.average_last and main:
+                validate_average(trainer, logs)
+    except OSError as e:  # a full disk, a file system gone read-only
+        where = e.filename or f"into {trainer.run_dir}"
+        kept = trainer.checkpoints.kept()
+        raise RunWriteError(f"cannot write {where} ({e.strerror}); {kept}") from None
+    return trainer.state.best_bleu
+
+
+def train_updates(trainer: Trainer, coordinator: Coordinator, logs: RunLog) -> None:
+    """Train update after update, validating and stopping as the coordinator says."""
+    max_steps = trainer.cfg.train.max_steps
+    for update in trainer.updates():
+        if trainer.step >= max_steps:
+            break
+        loss = trainer.train_step(update)
+        if loss is not None:
+            lr = trainer.state.scheduler.get_last_lr()[0]
+            logs.update(update, loss, trainer.step, trainer.minutes(), lr)
+        action = coordinator.next_action(trainer.step, trainer.minutes(), loss is not None)
+        if action == GO:
+            continue
+        if action == STOP:
+            break
+        rng = trainer.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
+        if action == INTERRUPT:
+            if trainer.group.is_main:
+                trainer.checkpoints.save_last(trainer.state_dict(rng))
+            raise Interrupted(trainer.step)
+        if trainer.group.is_main:
+            validate_and_save(trainer, coordinator, logs, rng)
+        if coordinator.patience_out(trainer.state.stale) or action == FINAL:
+            break
+
+
+def validate_and_save(
+    trainer: Trainer, coordinator: Coordinator, logs: RunLog, rng: list[dict]
+) -> None:
+    """Validate (rank 0), keep the best dev BLEU, write the checkpoints and log the scores."""
+    state, began = trainer.state, trainer.minutes()
+    val = trainer.validate()
+    improved = val.dev_bleu > state.best_bleu
+    state.best_bleu = max(state.best_bleu, val.dev_bleu)
+    state.stale = 0 if improved else state.stale + 1
+    trainer.checkpoints.save_validated(trainer.state_dict(rng), improved)
+    logs.validation("validation", val, improved, skipped=state.skipped)
+    coordinator.validated(trainer.step, trainer.minutes() - began)
+    logs.restart_window()
+
+
+def validate_average(trainer: Trainer, logs: RunLog) -> None:
+    """Average the last `train.average_last` step checkpoints into averaged.pt and validate it;
+    it becomes best.pt if its dev BLEU is the best. Leaves the averaged model loaded."""
+    averaged = trainer.checkpoints.average()
+    if averaged is None:
+        return
+    trainer.model.load_state_dict(averaged["model"])
+    val = trainer.validate()
+    improved = val.dev_bleu > trainer.state.best_bleu
+    if improved:
+        trainer.state.best_bleu = val.dev_bleu
+        trainer.checkpoints.make_average_best(val.dev_bleu)
+    logs.validation("average", val, improved, steps=averaged["steps"])

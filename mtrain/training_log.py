@@ -1,0 +1,128 @@
+"""What training shows and keeps as it goes: the progress bar, train.jsonl and metrics.jsonl."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from mtrain import checkpoint
+from mtrain.files import write_atomic
+from mtrain.training_data import Update
+from mtrain.validation import Validation
+
+log = logging.getLogger(__name__)
+LOG_EVERY = 10  # steps per progress-bar update and per train.jsonl record
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Cut a metrics log back to the records of steps up to `step`, where a resumed run goes on.
+
+    Records written after the checkpoint it resumes from would be written again, and a line
+    torn by a crash or a full disk is dropped.
+    """
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        if not line.endswith("\n"):
+            break
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    if len(kept) < len(lines):
+        write_atomic(path, "".join(kept))
+
+
+class TrainLog:
+    """The training loss and learning rate, a record every LOG_EVERY updates in train.jsonl;
+    the loss is the mean per target token of the updates since the last record."""
+
+    def __init__(self, file):
+        self.file = file  # None: log nothing (a rank other than 0)
+        self.loss_sum, self.tokens = 0.0, 0
+
+    def add(self, loss: float, n_target: int) -> None:
+        self.loss_sum, self.tokens = self.loss_sum + loss * n_target, self.tokens + n_target
+
+    def write(self, step: int, minutes: float, lr: float) -> None:
+        if self.file is not None:
+            loss = self.loss_sum / self.tokens  # label-smoothed, as the updates minimised it
+            record = {"event": "train", "step": step, "minutes": minutes, "loss": loss, "lr": lr}
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        self.loss_sum, self.tokens = 0.0, 0
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path, main: bool, step: int, total: int | None) -> Iterator[RunLog]:
+    """The run's log, open while it trains from `step` to `total` (None: unknown); on a rank
+    other than 0, a log that shows and writes nothing."""
+    with contextlib.ExitStack() as files:
+        bar = files.enter_context(
+            tqdm(
+                total=total,
+                initial=step,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+                disable=not main,
+            )
+        )
+
+        def open_log(name: str):
+            path = run_dir / name
+            return files.enter_context(path.open("a", encoding="utf-8")) if main else None
+
+        metrics, train_log = open_log(checkpoint.METRICS), TrainLog(open_log(checkpoint.TRAIN_LOG))
+        files.enter_context(logging_redirect_tqdm())
+        yield RunLog(bar, metrics, train_log)
+
+
+class RunLog:
+    """The progress bar (loss, learning rate, tokens/s), train.jsonl and metrics.jsonl."""
+
+    def __init__(self, bar: tqdm, metrics, train_log: TrainLog):
+        self.bar, self.metrics, self.train_log = bar, metrics, train_log
+        self.restart_window()
+
+    def restart_window(self) -> None:
+        """Count tokens/s afresh from now (after a validation: training time only)."""
+        self.window_tokens, self.window_start = 0, time.monotonic()
+
+    def update(self, update: Update, loss: float, step: int, minutes: float, lr: float) -> None:
+        """Show a finished update; every LOG_EVERY steps, record the loss and learning rate."""
+        self.window_tokens += update.n_tokens  # of all processes
+        self.train_log.add(loss, update.n_target)
+        self.bar.update(1)
+        if step % LOG_EVERY == 0:
+            tok_s = self.window_tokens / (time.monotonic() - self.window_start)
+            self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
+            self.train_log.write(step, minutes, lr)
+            self.restart_window()
+
+    def validation(self, event: str, val: Validation, improved: bool, **extra) -> None:
+        """Record a validation (event "validation") or that of the averaged model ("average")."""
+        record = {"event": event, **vars(val), "best": improved, **extra}
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+        what = f"average of steps {extra['steps']}" if event == "average" else f"step {val.step}"
+        log.info(
+            "%s  %.1f min  dev loss %.3f  dev BLEU %.2f  chrF %.2f%s",
+            what,
+            val.minutes,
+            val.dev_loss,
+            val.dev_bleu,
+            val.dev_chrf,
+            "  (best)" if improved else "",
+        )

@@ -1,0 +1,151 @@
+"""A run's training state, what its checkpoints hold, and its checkpoint files.
+
+`TrainingState` is everything a resumed run needs to continue exactly where another stopped;
+`Checkpoints` writes it: last.pt at every validation, best.pt, the last `train.keep_last`
+step-N.pt and, at the end, their average.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtrain import checkpoint, runtime
+from mtrain.checkpoint import CheckpointError
+from mtrain.config import Config, TrainConfig
+from mtrain.distributed import Group
+from mtrain.optim import build_optimizer
+from mtrain.training_data import TrainingData
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingState:
+    """The model, its optimiser and the counters of a run."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    data: TrainingData
+    tokenizer: str  # the tokenizer's fingerprint
+    step: int = 0  # optimizer updates done
+    best_bleu: float = -1.0
+    stale: int = 0  # validations since dev BLEU last improved
+    skipped: int = 0  # updates skipped for running out of memory or a non-finite loss
+    minutes_before: float = 0.0  # training time spent before a resume
+
+    @classmethod
+    def new(
+        cls, cfg: Config, data: TrainingData, device: torch.device, amp_dtype: torch.dtype | None
+    ) -> TrainingState:
+        """A run at step 0: a fresh model for the data's tokenizer, and its optimiser."""
+        model = checkpoint.build_model(cfg, data.tokenizer).to(device)
+        n_params = sum(p.numel() for p in model.parameters())
+        log.info("model has %.1fM parameters, training on %s", n_params / 1e6, device)
+        optimizer, scheduler = build_optimizer(model, cfg.train)
+        # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
+        scaler = torch.amp.GradScaler(enabled=amp_dtype == torch.float16)
+        return cls(model, optimizer, scheduler, scaler, data, data.tokenizer.fingerprint())
+
+    def state_dict(self, rng: list[dict], minutes: float) -> dict[str, Any]:
+        """A checkpoint of this state; `rng` holds every rank's random generators."""
+        return {
+            "model": self.model.state_dict(),
+            "tokenizer": self.tokenizer,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            **self.data.state_dict(),
+            "rng": rng,
+            "best_bleu": self.best_bleu,
+            "stale": self.stale,
+            "skipped": self.skipped,
+            "minutes": minutes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> None:
+        """Continue from the checkpoint `state`, read from `path`, as rank `group.rank`."""
+        checkpoint.check_tokenizer(path, state, self.tokenizer)
+        self.data.check_unchanged(state, path)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.step = state["step"]
+            self.data.load_state_dict(state)
+            rng = state.get("rng") or [  # written before mtrain trained under torchrun
+                {
+                    "python": state["python_rng_state"],
+                    "torch": state["torch_rng_state"],
+                    "cuda": state["cuda_rng_states"],
+                }
+            ]
+            if len(rng) != group.world_size:
+                raise CheckpointError(
+                    f"{path}: written by {len(rng)} training process(es), not "
+                    f"{group.world_size}; resume with as many (or train into another --out)"
+                )
+            runtime.set_rng_state(rng[group.rank])
+            self.best_bleu, self.stale = state["best_bleu"], state["stale"]
+            self.minutes_before = state["minutes"]
+            self.skipped = state["skipped"]
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            reason = " ".join(str(e).split())[:200]
+            raise CheckpointError(f"{path}: cannot resume from it ({reason})") from None
+
+
+class Checkpoints:
+    """The checkpoint files of a run directory, which rank 0 alone writes."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig):
+        self.run_dir, self.keep_last, self.average_last = run_dir, cfg.keep_last, cfg.average_last
+        self.last = run_dir / checkpoint.LAST
+        self.saved_step: int | None = None  # the step last.pt holds
+
+    def load_last(self) -> dict[str, Any]:
+        return checkpoint.load(self.last)
+
+    def save_last(self, state: dict[str, Any]) -> None:
+        checkpoint.save(self.last, state)
+        self.saved_step = state["step"]
+
+    def save_validated(self, state: dict[str, Any], improved: bool) -> None:
+        """Save a validated state as last.pt, as best.pt if it `improved`, and as a step-N.pt
+        (but the last `keep_last`)."""
+        self.save_last(state)
+        if improved:
+            checkpoint.save_copy(self.last, self.run_dir / checkpoint.BEST)
+        if self.keep_last:
+            checkpoint.save_copy(self.last, self.run_dir / checkpoint.step_name(state["step"]))
+            for old in checkpoint.step_checkpoints(self.run_dir)[: -self.keep_last]:
+                old.unlink()
+
+    def average(self) -> dict[str, Any] | None:
+        """Average the last `average_last` step checkpoints into averaged.pt and return it;
+        None when there are fewer than two."""
+        paths = checkpoint.step_checkpoints(self.run_dir)[-self.average_last :]
+        if len(paths) < 2:
+            return None
+        state = checkpoint.average(paths)
+        checkpoint.save(self.run_dir / checkpoint.AVERAGED, state)
+        return state
+
+    def make_average_best(self, dev_bleu: float) -> None:
+        """Make averaged.pt the best checkpoint, with dev BLEU `dev_bleu`."""
+        checkpoint.save_copy(self.run_dir / checkpoint.AVERAGED, self.run_dir / checkpoint.BEST)
+        # A resumed run compares with this score, or it could replace best.pt by a worse one.
+        checkpoint.save(self.last, {**checkpoint.load(self.last), "best_bleu": dev_bleu})
+
+    def kept(self) -> str:
+        """What a failure leaves behind, for its message."""
+        if self.saved_step is None:
+            return f"no checkpoint was written in {self.run_dir} yet"
+        return f"{self.last} (step {self.saved_step}) is intact"
