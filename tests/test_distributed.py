@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -40,15 +41,17 @@ def tiny_config(corpus, **train_keys) -> config.Config:
 
 
 def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) -> None:
-    """Train 10 updates as rank `rank`; write what it trained on and its all-reduce count."""
+    """Train 10 updates as rank `rank`; write what it trained on, its all-reduce count, and
+    each update's loss and gradients (before clipping and the optimizer step)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     group = Group(rank, world_size, rank)
     distributed.start(group, CPU, timeout_minutes=2)
     cfg = tiny_config(corpus, max_steps=10, eval_every=10, accumulate=accumulate)
     trainer = Trainer(cfg, Path(run_dir), CPU, group=group)
-    consumed, allreduces = [], []
-    collate = trainer.stream.collate
+    consumed, allreduces, losses, grads = [], [], [], []
+    collate, train_step = trainer.stream.collate, trainer.train_step
+    clip = torch.nn.utils.clip_grad_norm_
 
     def recording_collate(indices):
         consumed.append(list(indices))
@@ -58,15 +61,28 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
         allreduces.append(1)
         return default_hooks.allreduce_hook(state, bucket)
 
+    def recording_step(update):
+        losses.append(train_step(update))
+        return losses[-1]
+
+    def recording_clip(parameters, *args, **kwargs):
+        parameters = list(parameters)  # the model's, in the order of named_parameters
+        grads.append([p.grad.clone() for p in parameters])
+        return clip(parameters, *args, **kwargs)
+
     trainer.stream.collate = recording_collate
+    trainer.train_step = recording_step
+    torch.nn.utils.clip_grad_norm_ = recording_clip
     if group.active:
         trainer.net.register_comm_hook(None, counting_hook)
     trainer.run()
     distributed.stop(group)
     report = Path(report)
     report.with_name(f"{report.name}.{rank}").write_text(
-        json.dumps({"consumed": consumed, "allreduces": len(allreduces)})
+        json.dumps({"consumed": consumed, "allreduces": len(allreduces), "losses": losses})
     )
+    names = [name for name, _ in trainer.model.named_parameters()]
+    torch.save([dict(zip(names, update)) for update in grads], f"{report}.{rank}.grads")
 
 
 def train_processes(tmp_path, corpus, name, world_size, accumulate) -> tuple[dict, list[dict]]:
@@ -76,6 +92,8 @@ def train_processes(tmp_path, corpus, name, world_size, accumulate) -> tuple[dic
     args = (world_size, free_port(), corpus, str(run), accumulate, str(report))
     mp.start_processes(train_worker, args, nprocs=world_size, start_method="spawn")
     reports = [json.loads(Path(f"{report}.{r}").read_text()) for r in range(world_size)]
+    for r, rank_report in enumerate(reports):
+        rank_report["grads"] = torch.load(f"{report}.{r}.grads", weights_only=True)
     return checkpoint.load(run / "last.pt"), reports
 
 
@@ -83,8 +101,18 @@ def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(co
     # 2 processes × 3 batches per update against 1 process × 6: the same sentences per update.
     # 6 batches per update do not divide the epoch, so updates run across epoch ends.
     two, reports = train_processes(tmp_path, corpus, "two", world_size=2, accumulate=3)
-    one, _ = train_processes(tmp_path, corpus, "one", world_size=1, accumulate=6)
+    one, (alone,) = train_processes(tmp_path, corpus, "one", world_size=1, accumulate=6)
     assert two["step"] == one["step"] == 10
+
+    # Every update: the same loss and, before clipping and the optimizer step, the same
+    # gradients (AdamW would hide a gradient off by a constant factor in the weights).
+    for rank_report in reports:
+        assert rank_report["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+        assert len(rank_report["grads"]) == len(alone["grads"]) == 10
+        for update, (mine, expected) in enumerate(zip(rank_report["grads"], alone["grads"])):
+            for name, grad in expected.items():
+                msg = f"update {update + 1}: {name}"
+                torch.testing.assert_close(mine[name], grad, rtol=1e-4, atol=1e-6, msg=msg)
     for name, tensor in one["model"].items():
         other = two["model"][name]
         if name.endswith("kv_proj.bias"):
@@ -202,3 +230,124 @@ def test_a_plain_run_is_a_group_of_one(monkeypatch):
     group = distributed.from_env()
     assert group == Group() and group.is_main and not group.active
     assert group.broadcast("x") == "x" and group.gather(1) == [1]
+
+
+def start_rank(rank: int, port: int, python_args: list[str], run: Path, settings: list[str]):
+    """Start `python <python_args> train --config configs/tiny.yaml ...` as rank `rank` of 2,
+    as on a machine of its own: `--out run` is this machine's run directory."""
+    env = {
+        **ENV,
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    train = ["train", "--config", "configs/tiny.yaml", "--out", str(run)]
+    command = [sys.executable, *python_args, *train, *(f"--set={s}" for s in settings)]
+    return subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def train_on_two_machines(runs: list[Path], settings: list[str], python_args=("-m", "mtrain")):
+    """Train as two ranks, each with its own run directory; their exit statuses and stderr."""
+    port = free_port()
+    procs = [start_rank(r, port, list(python_args), run, settings) for r, run in enumerate(runs)]
+    # A bound against a hang, not a speed test.
+    stderr = [proc.communicate(timeout=300)[1] for proc in procs]
+    return [proc.returncode for proc in procs], stderr
+
+
+def test_machines_without_a_shared_disk_resume(corpus, tmp_path):
+    # Rank 1's run directory is on another disk: it never holds anything, not even at resume.
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    codes, stderr = train_on_two_machines(
+        [run, elsewhere], overrides(corpus, max_steps=4, eval_every=2)
+    )
+    assert codes == [0, 0], stderr
+    codes, stderr = train_on_two_machines(
+        [run, elsewhere], overrides(corpus, max_steps=6, eval_every=2)
+    )
+    assert codes == [0, 0], stderr
+    assert f"resuming {run} at step 4" in stderr[0]
+    assert checkpoint.load(run / "last.pt")["step"] == 6
+    assert not elsewhere.exists()
+
+
+# Run `mtrain` with a fault on rank 1, in its third forward pass (the third update).
+FAULTY_MTRAIN = """
+import os, sys, torch
+from mtrain import cli, model
+fault, real_forward, calls = sys.argv.pop(1), model.Transformer.forward, []
+
+def forward(self, *args):
+    calls.append(1)
+    if os.environ["RANK"] == "1" and len(calls) == 3:
+        if fault == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        raise RuntimeError("a bug")
+    return real_forward(self, *args)
+
+model.Transformer.forward = forward
+cli.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("fault", ["oom", "bug"])
+def test_out_of_memory_is_one_line_and_a_bug_keeps_its_traceback(corpus, tmp_path, fault):
+    args = ["-c", FAULTY_MTRAIN, fault]
+    settings = overrides(corpus, max_steps=10, eval_every=5)
+    codes, stderr = train_on_two_machines([tmp_path / "run"] * 2, settings, args)
+    errors = [[x for x in e.splitlines() if x.startswith("mtrain: error:")] for e in stderr]
+    # Rank 0 lost rank 1: one line, whatever rank 1 died of.
+    assert codes[0] == 2 and "Traceback" not in stderr[0], stderr[0]
+    assert len(errors[0]) == 1 and "rank 0: lost the other training processes" in errors[0][0]
+    if fault == "oom":
+        assert codes[1] == 2 and "Traceback" not in stderr[1], stderr[1]
+        assert len(errors[1]) == 1
+        assert "rank 1: out of memory at step 3" in errors[1][0]
+        assert "lower train.batch_tokens" in errors[1][0]
+    else:
+        assert codes[1] == 1 and errors[1] == [], stderr[1]
+        assert "Traceback" in stderr[1] and "RuntimeError: a bug" in stderr[1]
+
+
+def slow_start_worker(rank, port, corpus, tmp_path, report) -> None:
+    """Start up as rank `rank` of 2 with a peer timeout of 3 s, while rank 0 spends 10 s more
+    training its tokenizer; then train two updates. Writes "ok" or the error into `report`."""
+    from mtrain.tokenizer import Tokenizer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    group = Group(rank, 2, rank)
+    # Both ranks meet within the peer timeout, however slowly each process started.
+    Path(tmp_path, f"ready.{rank}").touch()
+    while not Path(tmp_path, f"ready.{1 - rank}").exists():
+        time.sleep(0.01)
+    distributed.start(group, CPU, timeout_minutes=3 / 60)
+    if rank == 0:
+        train = Tokenizer.train.__func__
+
+        def slow_train(cls, *args, **kwargs):
+            time.sleep(10)  # the long start-up under test, not a wait for an event
+            return train(cls, *args, **kwargs)
+
+        Tokenizer.train = classmethod(slow_train)
+    run = Path(tmp_path, f"run{rank}")
+    run.mkdir()
+    try:
+        trainer = Trainer(tiny_config(corpus), run, CPU, group=group)
+        updates = trainer.updates()
+        for _ in range(2):
+            trainer.train_step(next(updates))
+        outcome = "ok"
+    except RuntimeError as e:
+        outcome = f"{type(e).__name__}: {e}"
+    distributed.stop(group)
+    Path(f"{report}.{rank}").write_text(outcome)
+
+
+def test_start_up_may_take_longer_than_the_peer_timeout(corpus, tmp_path):
+    report = tmp_path / "report"
+    args = (free_port(), corpus, str(tmp_path), str(report))
+    mp.start_processes(slow_start_worker, args, nprocs=2, start_method="spawn")
+    assert [Path(f"{report}.{rank}").read_text() for rank in range(2)] == ["ok", "ok"]

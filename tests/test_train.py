@@ -1,12 +1,13 @@
 import json
+import signal
 
 import pytest
 import torch
 
-from mtrain import checkpoint, config
+from mtrain import checkpoint, config, train
 from mtrain.data import Batch
 from mtrain.tokenizer import PAD_ID
-from mtrain.train import Trainer, Update, Validation
+from mtrain.train import Interrupted, Trainer, Update, Validation
 
 from .synthetic import REPO, overrides, small_config
 
@@ -80,3 +81,41 @@ def test_training_ends_by_averaging_the_last_checkpoints(
     assert all(torch.equal(best[k], v) for k, v in best_source.items())
     # A resumed run compares new validations with the best score, the average's included.
     assert checkpoint.load(tmp_path / "last.pt")["best_bleu"] == max(3.0, average_bleu)
+
+
+@pytest.mark.parametrize("stop", ["signal", "budget"])
+def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
+    corpus, tmp_path, monkeypatch, stop
+):
+    # From step 3 on every loss is NaN, so every update is skipped; the 5th skipped update
+    # brings Ctrl-C, or the end of the time budget (after a validation at step 3).
+    eval_every = 3 if stop == "budget" else 100
+    cfg = small_config(
+        corpus, max_steps=100, eval_every=eval_every, max_minutes=60, skip_nonfinite="true"
+    )
+    trainer = Trainer(cfg, tmp_path, CPU)
+    real_loss = train.loss_fn
+
+    def poisoned(logits, tgt_out, smoothing, reduction="mean"):
+        loss = real_loss(logits, tgt_out, smoothing, reduction)
+        if trainer.step < 3:
+            return loss
+        assert trainer.skipped < 20, "skipped updates went on after the stop"
+        if trainer.skipped == 4 and stop == "signal":
+            signal.raise_signal(signal.SIGINT)
+        if trainer.skipped == 4 and stop == "budget":
+            monkeypatch.setattr(trainer, "minutes", lambda: 61.0)
+        return loss * float("nan")
+
+    monkeypatch.setattr(train, "loss_fn", poisoned)
+    if stop == "signal":
+        with pytest.raises(Interrupted, match="interrupted at step 3"):
+            trainer.run()
+    else:
+        trainer.run()
+    assert trainer.step == 3 and trainer.skipped == 5
+    saved = checkpoint.load(tmp_path / "last.pt")
+    assert saved["step"] == 3 and saved["skipped"] == 5
+    # The budget ended the run after a validation of this very step: none again.
+    records = checkpoint.read_log(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == ([3] if stop == "budget" else [])
