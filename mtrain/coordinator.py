@@ -19,7 +19,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GO = "go"  # on to the next update
 VALIDATE = "validate"  # validate and checkpoint, then go on
 FINAL = "final"  # validate and checkpoint for the last time
-STOP = "stop"  # stop: the last validation was of this very step
+STOP = "stop"  # save last.pt and stop: the last validation was of this very step
 INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
 
 

@@ -63,13 +63,13 @@ def train_updates(trainer: Trainer, coordinator: Coordinator, logs: RunLog) -> N
         action = coordinator.next_action(trainer.step, trainer.minutes(), loss is not None)
         if action == GO:
             continue
-        if action == STOP:
-            break
         rng = trainer.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
-        if action == INTERRUPT:
+        if action in (INTERRUPT, STOP):
             if trainer.group.is_main:
                 trainer.checkpoints.save_last(trainer.state_dict(rng))
-            raise Interrupted(trainer.step)
+            if action == INTERRUPT:
+                raise Interrupted(trainer.step)
+            break
         if trainer.group.is_main:
             validate_and_save(trainer, coordinator, logs, rng)
         if coordinator.patience_out(trainer.state.stale) or action == FINAL:
