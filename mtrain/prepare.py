@@ -105,6 +105,12 @@ def is_fresh(cfg: Config, directory: Path) -> bool:
     return [i["sha256"] for i in inputs] == [i["sha256"] for i in manifest["inputs"]]
 
 
+def identity(manifest: dict) -> dict:
+    """What makes two prepared corpora the same, on any machine: inputs, tokenizer, output."""
+    keys = ("format", "dtype", "pairs", "tokens", "tokenizer")
+    return {"inputs": [i["sha256"] for i in manifest["inputs"]]} | {k: manifest[k] for k in keys}
+
+
 def data_digests(manifest: dict) -> dict[str, str]:
     """A hash of the training files' contents and one of the dev files', for checkpoints; a
     single file's is its own SHA-256, as checkpoints recorded before corpora were prepared."""
@@ -137,8 +143,9 @@ def prepare(cfg: Config, workers: int | None = None) -> Path:
             return target
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        for stale in target.parent.glob(f".{target.name}.*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
+        for pattern in (f".{target.name}.*.tmp", f".{target.name}.*.old"):
+            for stale in target.parent.glob(pattern):
+                shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
         tmp.mkdir()
         try:
             manifest = _prepare_into(cfg, tmp, workers or len(os.sched_getaffinity(0)))
@@ -146,10 +153,11 @@ def prepare(cfg: Config, workers: int | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info(
-        "prepared %s in %.0f s: %d pairs read, %d kept; %s; %d bad lines skipped; "
-        "%d source and %d target tokens",
+        "prepared %s in %.0f s (tokenizer %.0f s): %d pairs read, %d kept; %s; "
+        "%d bad lines skipped; %d source and %d target tokens",
         target,
-        manifest["seconds"],
+        manifest["seconds"]["total"],
+        manifest["seconds"]["tokenizer"],
         manifest["pairs_read"],
         manifest["pairs"],
         _drops(manifest["dropped"]),
@@ -192,9 +200,12 @@ def _prepare_into(cfg: Config, out: Path, workers: int) -> dict:
         for src, _ in read_pairs(c, d.src_lang, d.tgt_lang)
     }
     sample, n_lines = _sample(train, cfg)
+    sampled = time.monotonic()
     tokenizer = Tokenizer.train(
         [s for s, _ in sample], [t for _, t in sample], cfg.tokenizer, d.src_lang, d.tgt_lang, out
     )
+    del sample
+    trained = time.monotonic()
     dtype = (
         np.uint16
         if max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) <= 1 << 16
@@ -253,7 +264,11 @@ def _prepare_into(cfg: Config, out: Path, workers: int) -> dict:
         "bad_lines": counts["bad"],
         "tokens": {"src": int(lengths[:, 0].sum()), "tgt": int(lengths[:, 1].sum())},
         "tokenizer": tokenizer.fingerprint(),
-        "seconds": round(time.monotonic() - began, 1),
+        "seconds": {
+            "sample": round(sampled - began, 1),
+            "tokenizer": round(trained - sampled, 1),
+            "total": round(time.monotonic() - began, 1),
+        },
     }
     for name in ("src.bin", "tgt.bin", "src_len.npy", "tgt_len.npy"):
         with (out / name).open("rb+") as f:

@@ -29,7 +29,7 @@ from mtrain.evaluate import score
 from mtrain.files import write_atomic
 from mtrain.model import Transformer
 from mtrain.optim import build_optimizer, loss_fn
-from mtrain.prepare import data_digests, prepare
+from mtrain.prepare import data_digests, identity, prepare
 from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer
 from mtrain.translate import Translator
 
@@ -132,11 +132,11 @@ def training_data(
     """
     if group.is_main:
         directory = prepare(cfg)
-    expected = group.broadcast(TokenCorpus(directory).manifest if group.is_main else None)
+    expected = group.broadcast(identity(TokenCorpus(directory).manifest) if group.is_main else None)
     if not group.is_main:
         directory = prepare(cfg)
     corpus = TokenCorpus(directory)
-    if corpus.manifest != expected:
+    if identity(corpus.manifest) != expected:
         raise DataError(
             f"rank {group.rank}: {directory} differs from rank 0's prepared corpus: "
             "give every machine the same data files"
