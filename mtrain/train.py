@@ -23,7 +23,7 @@ from mtrain import checkpoint, runtime
 from mtrain.config import Config
 from mtrain.corpus import DataError, corpora, read_pairs
 from mtrain.data import Batch, encode_pairs, example_batches, group_references
-from mtrain.dataset import BatchStream, TokenCorpus
+from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import DistributedError, Group
 from mtrain.evaluate import score
 from mtrain.files import write_atomic
@@ -184,6 +184,7 @@ class Trainer:
         if not any(s and t for s, t in dev_pairs):
             raise DataError(f"{dev}: no sentence pairs with both sides non-empty")
         self.tokenizer_hash = self.tokenizer.fingerprint()
+        self.punctuation = torch.tensor(self.tokenizer.src_punctuation_ids(), dtype=torch.long)
         self.dev_examples = encode_pairs(
             self.tokenizer, dev_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )
@@ -238,9 +239,13 @@ class Trainer:
             every = np.concatenate(indices)
             n_target = int(self.corpus.tgt_len[every].sum(dtype=np.int64)) + len(every)
             n_source = int(self.corpus.src_len[every].sum(dtype=np.int64))
-            yield Update(
-                [self.corpus.collate(b) for b in indices[mine]], n_target, n_source + n_target
-            )
+            batches = [self.corpus.collate(b) for b in indices[mine]]
+            if self.cfg.data.drop_final_punct:
+                for batch in batches:
+                    batch.src = drop_final_punctuation(
+                        batch.src, self.punctuation, self.cfg.data.drop_final_punct
+                    )
+            yield Update(batches, n_target, n_source + n_target)
 
     def train_step(self, update: Update) -> float | None:
         """One optimizer update from the summed gradients of the update's batches.

@@ -10,8 +10,8 @@ on it, each in a process of its own. It prints
     prepare: P pairs/s, peak RSS M MB
     train: first update after S s, peak RSS R MB
 
-(the proportional set sizes of a process and its workers, summed, sampled every 0.1 s), and the same train line for
-the shipped corpus first.
+(the proportional set sizes of a process and its workers, summed, sampled every 0.1 s),
+and the same train line for the shipped corpus first.
 """
 
 from __future__ import annotations

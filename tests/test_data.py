@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mtrain.data import (
     Batch,
@@ -14,7 +15,7 @@ from mtrain.data import (
     split_batches,
     token_batches,
 )
-from mtrain.dataset import BatchStream
+from mtrain.dataset import BatchStream, drop_final_punctuation
 from mtrain.text import normalize
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -195,3 +196,19 @@ def test_batch_stream_resumes_exactly_where_it_stopped():
     resumed.load_state_dict(state)
     got = [b for b, _ in zip(resumed, range(40))]
     assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_final_punctuation_is_dropped_with_its_probability():
+    punctuation = torch.tensor([9])
+    src = torch.tensor([[5, 9, EOS_ID], [5, 6, EOS_ID], [9, EOS_ID, PAD_ID]] * 2000)
+    torch.manual_seed(0)
+    out = drop_final_punctuation(src, punctuation, 0.3)
+    ends_in_punctuation = src[0::3]
+    dropped = (out[0::3] != ends_in_punctuation).any(1)
+    assert 0.27 < dropped.float().mean() < 0.33
+    assert out[0::3][dropped].tolist() == [[5, EOS_ID, PAD_ID]] * int(dropped.sum())
+    assert out[1::3].equal(src[1::3])  # no final punctuation: unchanged
+    assert out[2::3].equal(src[2::3])  # punctuation alone: never emptied
+    assert (
+        drop_final_punctuation(src, punctuation, 1.0)[0::3].tolist() == [[5, EOS_ID, PAD_ID]] * 2000
+    )
