@@ -1,11 +1,10 @@
 """Training a model: the `Trainer`, which puts one run's parts together.
 
-Each part is a module of its own: `training_data` (corpora, tokenizer, batches: the one place
-that reads data), `update_step` (accumulation, DDP, mixed precision, out of memory, non-finite
-losses), `validation`, `training_state` (what checkpoints hold, resuming, best/keep-last/average),
-`training_log` (progress bar, train.jsonl, metrics.jsonl), `coordinator` (when to validate and
-stop) and `train_loop` (the loop that runs them).
-"""
+Each part is a module of its own: `training_data` (prepared corpus, tokenizer, dev set, batches:
+the one place that reads data), `update_step` (accumulation, DDP, mixed precision, out of
+memory, non-finite losses), `validation`, `training_state` (what checkpoints hold, resuming,
+best/keep-last/average), `training_log` (progress bar, train.jsonl, metrics.jsonl),
+`coordinator` (when to validate and stop) and `train_loop` (the loop that runs them)."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class Trainer:
         runtime.configure(device)
         self.data = data = TrainingData(cfg, run_dir, group, resume)
         # Shortcuts, for scripts and tests:
-        self.tokenizer, self.stream = data.tokenizer, data.stream
-        self.train_examples = data.train_examples
+        self.tokenizer, self.corpus, self.stream = data.tokenizer, data.corpus, data.stream
         self.amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
         self.state = TrainingState.new(cfg, data, device, self.amp_dtype)
         self.model = self.state.model

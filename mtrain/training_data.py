@@ -1,4 +1,4 @@
-"""What a run trains on: the corpora read, the tokenizer, the encoded examples and the updates.
+"""What a run trains on: the prepared corpus, the tokenizer, the dev set and the updates.
 
 The one place where training reads its data. The rest of training asks a `TrainingData` for
 its tokenizer, its dev set, its next updates, the position of its batch stream and the
@@ -12,23 +12,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from mtrain.checkpoint import CheckpointError
-from mtrain.config import Config, DataConfig
-from mtrain.data import (
-    Batch,
-    BatchStream,
-    DataError,
-    Example,
-    encode_pairs,
-    file_fingerprint,
-    group_references,
-    read_parallel,
-)
+from mtrain.config import Config
+from mtrain.corpus import DataError, corpora, read_pairs
+from mtrain.data import Batch, encode_pairs, group_references
+from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import Group
-from mtrain.tokenizer import Tokenizer
+from mtrain.files import write_atomic
+from mtrain.prepare import data_digests, identity, prepare
+from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer
 
 log = logging.getLogger(__name__)
-DATA_KEYS = ("train", "dev")  # the corpora a run reads: a resumed run must find them unchanged
 
 
 @dataclass
@@ -47,24 +44,30 @@ class Update:
 
 
 class TrainingData:
-    """The tokenizer, the encoded training and dev sets, and the seeded stream of batches."""
+    """The tokenizer, the prepared training corpus and its stream of batches, the dev set."""
 
     def __init__(self, cfg: Config, run_dir: Path, group: Group, resume: bool):
-        """Every process reads the corpora; rank 0 alone trains the tokenizer into `run_dir`
-        (or loads the run's own to resume) and sends it to the others."""
+        """Every process opens the prepared corpus (rank 0 prepares it first) and reads the
+        dev set; rank 0 puts the tokenizer into `run_dir` (or checks the run's own)."""
         dcfg = cfg.data
-        train_pairs, dev_pairs = read_pairs(dcfg, "train"), read_pairs(dcfg, "dev")
-        log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
-        self.paths = {key: getattr(dcfg, key) for key in DATA_KEYS}
+        self.corpus, self.tokenizer = prepared_corpus(cfg, run_dir, group, resume)
         # A resumed run must read the same data, or it would not continue the same run.
-        self.fingerprints = {key: file_fingerprint(Path(p)) for key, p in self.paths.items()}
-        self.tokenizer = shared_tokenizer(cfg, run_dir, group, resume, train_pairs)
-        self.train_examples = encode_training_pairs(self.tokenizer, train_pairs, dcfg)
+        self.fingerprints = data_digests(self.corpus.manifest)
+        self.paths = {"train": dcfg.train, "dev": dcfg.dev}
+        (dev,) = corpora(dcfg.dev, dcfg.swap_columns)
+        dev_pairs = read_pairs(dev, dcfg.src_lang, dcfg.tgt_lang)
+        if not any(s and t for s, t in dev_pairs):
+            raise DataError(f"{dev}: no sentence pairs with both sides non-empty")
         self.dev_examples = encode_pairs(
             self.tokenizer, dev_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )
         self.dev_sources, self.dev_refs = group_references(dev_pairs)
-        self.stream = BatchStream(self.train_examples, cfg.train.batch_tokens, cfg.train.seed)
+        self.drop_final_punct = dcfg.drop_final_punct
+        self.punctuation = torch.tensor(self.tokenizer.src_punctuation_ids(), dtype=torch.long)
+        tcfg = cfg.train
+        self.stream = BatchStream(
+            self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
+        )
 
     def updates(self, group: Group, accumulate: int) -> Iterator[Update]:
         """Yield this process's share of each optimizer update.
@@ -79,12 +82,16 @@ class TrainingData:
         while True:
             indices = [next(stream) for _ in range(group.world_size * accumulate)]
             # Counted on the host from the lengths: no wait for a GPU, no exchange between ranks.
-            examples = [self.train_examples[i] for batch in indices for i in batch]
-            n_target = sum(len(ex.tgt) + 1 for ex in examples)
-            n_source = sum(len(ex.src) for ex in examples)
-            yield Update(
-                [self.stream.collate(b) for b in indices[mine]], n_target, n_source + n_target
-            )
+            every = np.concatenate(indices)
+            n_target = int(self.corpus.tgt_len[every].sum(dtype=np.int64)) + len(every)
+            n_source = int(self.corpus.src_len[every].sum(dtype=np.int64))
+            batches = [self.corpus.collate(b) for b in indices[mine]]
+            if self.drop_final_punct:
+                for batch in batches:
+                    batch.src = drop_final_punctuation(
+                        batch.src, self.punctuation, self.drop_final_punct
+                    )
+            yield Update(batches, n_target, n_source + n_target)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the data: its fingerprints and the stream's position."""
@@ -105,43 +112,41 @@ class TrainingData:
         self.stream.load_state_dict(state)
 
 
-def read_pairs(dcfg: DataConfig, key: str) -> list[tuple[str, str]]:
-    """The sentence pairs of corpus `data.<key>`; one with no usable pair is an error."""
-    path = getattr(dcfg, key)
-    pairs = read_parallel(Path(path), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns)
-    if not any(s and t for s, t in pairs):
-        raise DataError(f"{path}: no sentence pairs with both sides non-empty")
-    return pairs
+def prepared_corpus(
+    cfg: Config, run_dir: Path, group: Group, resume: bool
+) -> tuple[TokenCorpus, Tokenizer]:
+    """The prepared training corpus and its tokenizer, the same on every process.
 
-
-def shared_tokenizer(
-    cfg: Config, run_dir: Path, group: Group, resume: bool, train_pairs: list[tuple[str, str]]
-) -> Tokenizer:
-    """Rank 0's tokenizer on every process: trained on the training pairs, or the run's own."""
-    tokenizer = None
-    if group.is_main and resume:
+    Rank 0 prepares the corpus (or finds it prepared) and puts the tokenizer into the run
+    directory. The other ranks then open the same prepared directory: on another machine
+    without a shared disk they prepare it themselves, which gives the same bytes. Only rank 0
+    reads the run directory.
+    """
+    if group.is_main:
+        directory = prepare(cfg)
+    # The others wait here while rank 0 prepares: start-up, not bounded by --peer-timeout.
+    expected = group.broadcast(
+        identity(TokenCorpus(directory).manifest) if group.is_main else None, startup=True
+    )
+    if not group.is_main:
+        directory = prepare(cfg)
+    corpus = TokenCorpus(directory)
+    if identity(corpus.manifest) != expected:  # the tokenizer's fingerprint included
+        raise DataError(
+            f"rank {group.rank}: {directory} differs from rank 0's prepared corpus: "
+            "give every machine the same data files"
+        )
+    if resume and group.is_main:
         tokenizer = Tokenizer.load(run_dir)
-    elif group.is_main:
-        sources, targets = [s for s, _ in train_pairs], [t for _, t in train_pairs]
-        dcfg = cfg.data
-        tokenizer = Tokenizer.train(
-            sources, targets, cfg.tokenizer, dcfg.src_lang, dcfg.tgt_lang, run_dir, cfg.train.seed
-        )
-    # The others wait here while rank 0 trains: part of start-up, not bounded by --peer-timeout.
-    protos = group.broadcast(tokenizer.protos() if group.is_main else None, startup=True)
-    return tokenizer if group.is_main else Tokenizer.from_protos(*protos)
-
-
-def encode_training_pairs(
-    tokenizer: Tokenizer, pairs: list[tuple[str, str]], dcfg: DataConfig
-) -> list[Example]:
-    """The training pairs encoded, without those longer than the maximum lengths."""
-    examples = encode_pairs(tokenizer, pairs, dcfg.max_src_len, dcfg.max_tgt_len, drop_long=True)
-    too_long = sum(1 for s, t in pairs if s and t) - len(examples)
-    if not examples:
-        raise DataError(f"{dcfg.train}: every pair is longer than data.max_src_len/max_tgt_len")
-    if too_long:
-        log.info(
-            "dropped %d training pairs longer than data.max_src_len/max_tgt_len tokens", too_long
-        )
-    return examples
+        if tokenizer.fingerprint() != corpus.manifest["tokenizer"]:
+            raise DataError(
+                f"{directory} was prepared with another tokenizer than {run_dir}'s; "
+                "resuming would not continue the same run (train into another --out)"
+            )
+    else:
+        tokenizer = Tokenizer.load(directory)
+        if group.is_main:
+            for name in (SRC_MODEL, TGT_MODEL):
+                write_atomic(run_dir / name, (directory / name).read_bytes())
+    log.info("training on %d pairs, prepared in %s", len(corpus), directory)
+    return corpus, tokenizer

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 from dataclasses import dataclass
 
 import torch
 
 from mtrain import runtime
 from mtrain.config import Config
-from mtrain.data import epoch_batches
+from mtrain.data import example_batches
 from mtrain.evaluate import Scores, score
 from mtrain.model import Transformer
 from mtrain.optim import loss_fn
@@ -41,7 +40,7 @@ def dev_scores(
     and chrF of greedy translations of the dev sources against all their references."""
     model.eval()
     total, tokens = 0.0, 0
-    for batch in epoch_batches(data.dev_examples, cfg.train.batch_tokens, random.Random(0)):
+    for batch in example_batches(data.dev_examples, cfg.train.batch_tokens):
         batch = batch.to(device)
         with runtime.autocast(device, amp_dtype):
             logits = model(batch.src, batch.tgt_in)  # (B, T, V)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from mtrain import checkpoint, config, distributed
-from mtrain.data import BatchStream, token_batches
+from mtrain.dataset import BatchStream
 from mtrain.distributed import Group
 from mtrain.train import Trainer
 
@@ -50,11 +49,11 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
     cfg = tiny_config(corpus, max_steps=10, eval_every=10, accumulate=accumulate)
     trainer = Trainer(cfg, Path(run_dir), CPU, group=group)
     consumed, allreduces, losses, grads = [], [], [], []
-    collate, train_step = trainer.stream.collate, trainer.train_step
+    collate, train_step = trainer.corpus.collate, trainer.train_step
     clip = torch.nn.utils.clip_grad_norm_
 
     def recording_collate(indices):
-        consumed.append(list(indices))
+        consumed.append([int(i) for i in indices])
         return collate(indices)
 
     def counting_hook(state, bucket):
@@ -70,7 +69,7 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
         grads.append([p.grad.clone() for p in parameters])
         return clip(parameters, *args, **kwargs)
 
-    trainer.stream.collate = recording_collate
+    trainer.corpus.collate = recording_collate
     trainer.train_step = recording_step
     torch.nn.utils.clip_grad_norm_ = recording_clip
     if group.active:
@@ -127,11 +126,11 @@ def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(co
 
     # The ranks took turns through one stream of batches: each batch once, none skipped.
     cfg = tiny_config(corpus)
-    examples = Trainer(cfg, tmp_path / "one", CPU, resume=True).train_examples
-    first_epoch = token_batches(examples, cfg.train.batch_tokens, random.Random(cfg.train.seed))
-    assert len(first_epoch) % 6, "the test needs an epoch that 6 batches do not divide"
-    stream = iter(BatchStream(examples, cfg.train.batch_tokens, cfg.train.seed))
-    expected = [next(stream) for _ in range(10 * 6)]
+    corpus = Trainer(cfg, tmp_path / "one", CPU, resume=True).corpus
+    stream = BatchStream(corpus.src_len, corpus.tgt_len, cfg.train.batch_tokens, cfg.train.seed)
+    assert len(stream.epoch_order(0)) % 6, "the test needs an epoch that 6 batches do not divide"
+    batches = iter(stream)
+    expected = [next(batches).tolist() for _ in range(10 * 6)]
     taken = reports[0]["consumed"] + reports[1]["consumed"]
     assert sorted(map(tuple, taken)) == sorted(map(tuple, expected))
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config, runtime
+from mtrain import checkpoint, config, corpus, runtime
 from mtrain.config import Config
 from mtrain.translate import Translator
 
@@ -114,3 +114,15 @@ def load_translator(
     if nbest > decode.beam_size:
         fail(f"--nbest {nbest} needs --beam {nbest} or more")
     return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)
+
+
+def resolve_data(cfg: Config, config_path: Path) -> None:
+    """Check that the config's corpora exist, and make every data path absolute: the run
+    works from any directory."""
+    for key in ("train", "dev", "test"):
+        try:
+            corpus.check_files(getattr(cfg.data, key), f"data.{key}")
+        except corpus.DataError as e:
+            fail(f"{config_path}: {e}")
+        setattr(cfg.data, key, corpus.resolve(getattr(cfg.data, key)))
+    cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
