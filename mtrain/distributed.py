@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# Start-up (reading the corpora, training the tokenizer, loading a checkpoint) can keep rank 0
-# busy far longer than any exchange of training while the others wait for what it sends: its
-# exchanges go through a group of their own, with this bound instead of the peer timeout. A
+# Start-up (preparing the corpora, which trains the tokenizer; loading a checkpoint) can keep
+# rank 0 busy far longer than any exchange of training while the others wait for what it sends:
+# its exchanges go through a group of their own, with this bound instead of the peer timeout. A
 # process that exits closes its connections, so the others learn of it at once even so.
 STARTUP_TIMEOUT = timedelta(days=1)
 _startup_group: dist.ProcessGroup | None = None  # gloo over the CPU, with STARTUP_TIMEOUT

@@ -328,13 +328,16 @@ def slow_start_worker(rank, port, corpus, tmp_path, report) -> None:
 
         def slow_train(cls, *args, **kwargs):
             time.sleep(10)  # the long start-up under test, not a wait for an event
+            Path(tmp_path, "slow").touch()
             return train(cls, *args, **kwargs)
 
         Tokenizer.train = classmethod(slow_train)
     run = Path(tmp_path, f"run{rank}")
     run.mkdir()
+    # A corpus of its own to prepare, so that rank 0 does train a tokenizer.
+    cfg = tiny_config({**corpus, "prepared_dir": str(Path(tmp_path, "prepared"))})
     try:
-        trainer = Trainer(tiny_config(corpus), run, CPU, group=group)
+        trainer = Trainer(cfg, run, CPU, group=group)
         updates = trainer.updates()
         for _ in range(2):
             trainer.train_step(next(updates))
@@ -350,3 +353,4 @@ def test_start_up_may_take_longer_than_the_peer_timeout(corpus, tmp_path):
     args = (free_port(), corpus, str(tmp_path), str(report))
     mp.start_processes(slow_start_worker, args, nprocs=2, start_method="spawn")
     assert [Path(f"{report}.{rank}").read_text() for rank in range(2)] == ["ok", "ok"]
+    assert (tmp_path / "slow").exists(), "rank 0 did not train a tokenizer: nothing was tested"

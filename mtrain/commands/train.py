@@ -73,7 +73,7 @@ def train(
             min=0.1,
             help="Under torchrun: minutes a process waits for the others, once training has "
             "started, before it gives up with an error (rank 0's validations must fit in it; "
-            "start-up, where rank 0 trains the tokenizer, may take up to a day).",
+            "start-up, where rank 0 prepares the corpus, may take up to a day).",
         ),
     ] = 5.0,
 ) -> None:
