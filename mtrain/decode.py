@@ -155,6 +155,16 @@ def _fates(
     return fates
 
 
+def _finished(fates: list[Candidate], prefixes: torch.Tensor) -> list[Hypothesis]:
+    """The hypotheses a sentence's finished candidates make; prefixes (w, t): its live ones."""
+    ended = []
+    for c in fates:
+        if c.fate == "finished":
+            body = prefixes[c.origin, 1:].tolist()  # without <s>
+            ended.append(Hypothesis(body if c.token == EOS_ID else [*body, c.token], c.score))
+    return ended
+
+
 def _next_beam(alive: list[Candidate], k: int) -> list[Candidate]:
     """A sentence's k alive extensions; a place no extension fills holds no one (-inf)."""
     return alive + [Candidate(0, PAD_ID, float("-inf"), "alive")] * (k - len(alive))
@@ -200,11 +210,7 @@ def beam_search(
         for i, (sentence, row_ranked) in enumerate(zip(rows, ranked)):
             at_limit = step >= limits[sentence]
             fates.append(_fates(zip(*row_ranked), k, at_limit, length_penalty(step, alpha)))
-            for c in fates[i]:
-                if c.fate == "finished":
-                    body = tokens[i * width + c.origin, 1:].tolist()
-                    body += [] if c.token == EOS_ID else [c.token]
-                    finished[sentence].append(Hypothesis(body, c.score))
+            finished[sentence] += _finished(fates[i], tokens[i * width : (i + 1) * width])
             if not (at_limit or len(finished[sentence]) >= k):
                 beam = _next_beam([c for c in fates[i] if c.fate == "alive"], k)
                 going.append(i)

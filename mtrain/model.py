@@ -214,7 +214,12 @@ class LayerCache:
         return LayerCache(self.cross_k, self.cross_v, *self._selected_self(rows), self.length)
 
     def _selected_self(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.self_k.index_select(0, rows), self.self_v.index_select(0, rows)
+        """New self-attention buffers holding `rows`: only their written positions are copied."""
+        k = self.self_k.new_empty((rows.numel(), *self.self_k.shape[1:]))  # (R, h, max_len, d)
+        v = self.self_v.new_empty(k.shape)
+        torch.index_select(self.self_k[:, :, : self.length], 0, rows, out=k[:, :, : self.length])
+        torch.index_select(self.self_v[:, :, : self.length], 0, rows, out=v[:, :, : self.length])
+        return k, v
 
 
 class DecoderLayer(nn.Module):
