@@ -137,12 +137,11 @@ def write_config(run_dir: Path, cfg: Config) -> None:
 
 def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
     """The model a config and tokenizer describe, freshly initialised."""
-    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
     return Transformer(
         cfg.model,
         tokenizer.src_vocab_size,
         tokenizer.tgt_vocab_size,
-        max_len,
+        cfg.data.max_positions(),
         PAD_ID,
         joint_vocab=cfg.tokenizer.joint,
     )

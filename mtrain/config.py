@@ -37,6 +37,11 @@ class DataConfig:
     # true: the files hold target then source (e.g. the zh<TAB>en corpus read for en→zh).
     swap_columns: bool = False
 
+    def max_positions(self) -> int:
+        """Positions the model has: the longest source it reads and the longest output it
+        can decode (`<s>` included)."""
+        return max(self.max_src_len, self.max_tgt_len)
+
 
 @dataclass
 class TokenizerConfig:
@@ -230,7 +235,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("tokenizer.vocab_size: must be at least 300 (256 byte pieces + others)")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError("data.src_lang and data.tgt_lang must differ")
-    longest = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
+    longest = cfg.data.max_positions()
     if cfg.train.batch_tokens < 2 * longest:
         raise ConfigError(
             f"train.batch_tokens: {cfg.train.batch_tokens} cannot hold one pair of "

@@ -7,7 +7,7 @@ Without one they do no extra work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -46,13 +46,18 @@ class Candidate:
 
 @dataclass
 class BeamStep:
-    """One step of beam search: the live hypotheses going in and the candidates coming out."""
+    """One step of beam search: the live hypotheses going in and the candidates coming out.
+
+    Only sentences still decoding take part; each has w rows of hypotheses (w is 1 at the first
+    step, when <s> is the only one, and beam_size after).
+    """
 
     step: int
-    tokens: torch.Tensor  # (B * beam_size, step) live hypotheses' tokens, <s> first
-    log_probs: torch.Tensor  # (B, beam_size) their cumulative log-probabilities; -inf: no one
-    candidates: list[list[Candidate]]  # per sentence, best first; [] once a sentence is done
-    select: torch.Tensor | None  # (B * beam_size,) the row each next hypothesis extends
+    rows: list[int]  # the batch row (sentence) of each of the b groups of w rows below
+    tokens: torch.Tensor  # (b * w, step) live hypotheses' tokens, <s> first
+    log_probs: torch.Tensor  # (b, w) their cumulative log-probabilities; -inf: no one
+    candidates: list[list[Candidate]]  # per sentence, best first
+    select: torch.Tensor | None  # (b' * beam_size,) the row each next hypothesis extends
 
 
 Observer = Callable[[GreedyStep | BeamStep], None]
@@ -96,7 +101,7 @@ def greedy(
     each step runs the decoder on the newest token only; without it, on the whole prefix.
     """
     memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
-    cache = model.start_cache(memory) if use_cache else None
+    cache = model.start_cache(memory, int(limits.max())) if use_cache else None
     batch = src.size(0)
     rows = torch.arange(batch, device=src.device)  # original row of each sentence still decoding
     prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)  # (b, t)
@@ -127,6 +132,44 @@ def greedy(
     return out
 
 
+def _fates(
+    ranked: Iterable[tuple[float, int, int]], k: int, at_limit: bool, penalty: float
+) -> list[Candidate]:
+    """A sentence's best extensions (log-probability, origin, token), best first, with fates.
+
+    An extension that ends (with </s>, or any at the length limit) finishes if it ranks among
+    the best k, and is pruned otherwise; the best k others stay alive, and the rest are not
+    considered.
+    """
+    fates, alive = [], 0
+    for rank, (log_prob, origin, token) in enumerate(ranked):
+        if log_prob == float("-inf") or alive == k:
+            break
+        if token == EOS_ID or at_limit:
+            final = log_prob / penalty if rank < k else None  # a lower </s> is never chosen
+            fate = "pruned" if final is None else "finished"
+            fates.append(Candidate(origin, token, log_prob, fate, final))
+        else:
+            fates.append(Candidate(origin, token, log_prob, "alive"))
+            alive += 1
+    return fates
+
+
+def _finished(fates: list[Candidate], prefixes: torch.Tensor) -> list[Hypothesis]:
+    """The hypotheses a sentence's finished candidates make; prefixes (w, t): its live ones."""
+    ended = []
+    for c in fates:
+        if c.fate == "finished":
+            body = prefixes[c.origin, 1:].tolist()  # without <s>
+            ended.append(Hypothesis(body if c.token == EOS_ID else [*body, c.token], c.score))
+    return ended
+
+
+def _next_beam(alive: list[Candidate], k: int) -> list[Candidate]:
+    """A sentence's k alive extensions; a place no extension fills holds no one (-inf)."""
+    return alive + [Candidate(0, PAD_ID, float("-inf"), "alive")] * (k - len(alive))
+
+
 @torch.inference_mode()
 def beam_search(
     model: Transformer,
@@ -142,71 +185,50 @@ def beam_search(
     As in fairseq: each step ranks 2 × beam candidates; a candidate ending in </s> among the
     best `beam_size` is finished (scored with the length penalty), the best others stay alive.
     A sentence is done when it has `beam_size` finished hypotheses or reaches its length limit,
-    where its alive hypotheses are finished as they are.
+    where its alive hypotheses are finished as they are; then it leaves the batch, so each step
+    decodes only the live hypotheses of the sentences still going.
     """
-    batch, k = src.size(0), beam_size
-    device = src.device
-    memory, src_mask = model.encode(src)
-    expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B*k,)
-    memory, src_mask = memory[expand], src_mask[expand]
-    cache = model.start_cache(memory)
-    scores = torch.full((batch, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # one live hypothesis (<s>) per sentence at the start
-    tokens = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (B*k, t)
+    k, device = beam_size, src.device
+    memory, src_mask = model.encode(src)  # (b, S, d_model), (b, 1, 1, S): a row per sentence
+    cache = model.start_cache(memory, int(limits.max()))
+    rows = list(range(src.size(0)))  # the sentence of each group of w rows still decoding
+    # At the first step each sentence has one live hypothesis, <s>: w is 1, then beam_size.
+    tokens = torch.full((len(rows), 1), BOS_ID, dtype=torch.long, device=device)  # (b * w, t)
+    scores = torch.zeros((len(rows), 1), device=device)  # (b, w) cumulative log-probabilities
+    finished: list[list[Hypothesis]] = [[] for _ in rows]
     limits = limits.tolist()
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    done = [False] * batch
     step = 0
-    while not all(done):
+    while rows:
         step += 1
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (B*k, V)
+        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]  # (b * w, V)
         log_probs = torch.log_softmax(allowed(logits), dim=-1)
-        vocab = log_probs.size(-1)
-        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
-        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (B, 2k)
-        origins, words = top_ids // vocab, top_ids % vocab
-        new_scores = torch.full((batch, k), float("-inf"), device=device)
-        new_origins = torch.zeros((batch, k), dtype=torch.long, device=device)
-        new_words = torch.full((batch, k), PAD_ID, dtype=torch.long, device=device)
-        report: list[list[Candidate]] = [[] for _ in range(batch)]
-        for b, (row_scores, row_origins, row_words) in enumerate(
-            zip(top_scores.tolist(), origins.tolist(), words.tolist())
-        ):
-            if done[b]:
-                continue
-            at_limit = step >= limits[b]
-            alive = 0
-            for rank, (score, origin, word) in enumerate(zip(row_scores, row_origins, row_words)):
-                if score == float("-inf") or alive == k:
-                    break
-                if word == EOS_ID or at_limit:
-                    final = None
-                    if rank < k:  # </s> further down the ranking would never be chosen
-                        prefix = tokens[b * k + origin, 1:].tolist()
-                        body = prefix if word == EOS_ID else [*prefix, word]
-                        final = score / length_penalty(step, alpha)
-                        finished[b].append(Hypothesis(body, final))
-                    if observe is not None:
-                        fate = "pruned" if final is None else "finished"
-                        report[b].append(Candidate(origin, word, score, fate, final))
-                    continue
-                new_scores[b, alive], new_origins[b, alive], new_words[b, alive] = (
-                    score,
-                    origin,
-                    word,
-                )
-                alive += 1
-                if observe is not None:
-                    report[b].append(Candidate(origin, word, score, "alive"))
-            done[b] = at_limit or len(finished[b]) >= k
-        select = None
-        if not all(done):
-            select = (torch.arange(batch, device=device)[:, None] * k + new_origins).view(-1)
+        width, vocab = scores.size(1), log_probs.size(-1)
+        candidates = (scores.view(-1, 1) + log_probs).view(len(rows), width * vocab)
+        top, ids = candidates.topk(min(2 * k, width * vocab), dim=1)  # (b, 2k)
+        ranked = zip(top.tolist(), (ids // vocab).tolist(), (ids % vocab).tolist())
+        fates, going, beams, extends = [], [], [], []  # the last three: for what goes on
+        for i, (sentence, row_ranked) in enumerate(zip(rows, ranked)):
+            at_limit = step >= limits[sentence]
+            fates.append(_fates(zip(*row_ranked), k, at_limit, length_penalty(step, alpha)))
+            finished[sentence] += _finished(fates[i], tokens[i * width : (i + 1) * width])
+            if not (at_limit or len(finished[sentence]) >= k):
+                beam = _next_beam([c for c in fates[i] if c.fate == "alive"], k)
+                going.append(i)
+                beams += beam
+                extends += [i * width + c.origin for c in beam]
+        # (b' * k,) the row each next hypothesis extends, for the b' sentences going on
+        select = torch.tensor(extends, device=device) if going else None
         if observe is not None:
-            observe(BeamStep(step, tokens, scores, report, select))
+            observe(BeamStep(step, rows, tokens, scores, fates, select))
         if select is None:
             break
-        cache = [c.select(select) for c in cache]
-        tokens = torch.cat([tokens[select], new_words.view(-1, 1)], dim=1)
-        scores = new_scores
+        if len(going) < len(rows) or width < k:  # each sentence's rows change: all state follows
+            memory, src_mask = memory[select], src_mask[select]
+            cache = [c.select(select) for c in cache]
+        else:  # only hypotheses within sentences move; their cross-attention state is shared
+            cache = [c.reorder(select) for c in cache]
+        rows = [rows[i] for i in going]
+        next_tokens = torch.tensor([[c.token] for c in beams], device=device)  # (b' * k, 1)
+        tokens = torch.cat([tokens[select], next_tokens], dim=1)
+        scores = torch.tensor([c.log_prob for c in beams], device=device).view(len(rows), k)
     return [sorted(h, key=lambda h: -h.score)[:nbest] for h in finished]

@@ -180,33 +180,46 @@ class EncoderLayer(nn.Module):
 @dataclass
 class LayerCache:
     """One decoder layer's keys and values: cross-attention's, computed once from the encoder
-    output, and self-attention's for every position decoded so far."""
+    output, and self-attention's for every position decoded so far.
+
+    Self-attention's live in buffers allocated once for the longest output, and each step
+    writes its position into them: growing them with torch.cat would copy the whole prefix at
+    every step.
+    """
 
     cross_k: torch.Tensor  # (B, h, S, d_head)
     cross_v: torch.Tensor
-    self_k: torch.Tensor | None = None  # (B, h, t, d_head)
-    self_v: torch.Tensor | None = None
+    self_k: torch.Tensor  # (B, h, max_len, d_head); positions < length are written
+    self_v: torch.Tensor
+    length: int = 0
 
-    @property
-    def length(self) -> int:
-        return 0 if self.self_k is None else self.self_k.size(2)
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append new positions' keys and values (B, h, T, d_head)."""
-        if self.self_k is None:
-            self.self_k, self.self_v = k, v
-        else:
-            self.self_k = torch.cat([self.self_k, k], dim=2)
-            self.self_v = torch.cat([self.self_v, v], dim=2)
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new positions' keys and values (B, h, T, d_head); return all so far."""
+        end = self.length + k.size(2)
+        if end > self.self_k.size(2):
+            raise ValueError(f"the cache holds {self.self_k.size(2)} positions, not {end}")
+        self.self_k[:, :, self.length : end] = k
+        self.self_v[:, :, self.length : end] = v
+        self.length = end
+        return self.self_k[:, :, :end], self.self_v[:, :, :end]  # (B, h, length, d_head)
 
     def select(self, rows: torch.Tensor) -> LayerCache:
-        """Keep (or reorder, or repeat) batch rows, e.g. to drop finished sentences."""
-        return LayerCache(
-            *(
-                t if t is None else t.index_select(0, rows)
-                for t in (self.cross_k, self.cross_v, self.self_k, self.self_v)
-            )
-        )
+        """Keep, reorder or repeat batch rows, e.g. to drop finished sentences."""
+        cross_k, cross_v = self.cross_k.index_select(0, rows), self.cross_v.index_select(0, rows)
+        return LayerCache(cross_k, cross_v, *self._selected_self(rows), self.length)
+
+    def reorder(self, rows: torch.Tensor) -> LayerCache:
+        """`select` where each row takes another row of the same sentence (a beam's
+        hypotheses): the cross-attention keys and values, the same for all of them, stay."""
+        return LayerCache(self.cross_k, self.cross_v, *self._selected_self(rows), self.length)
+
+    def _selected_self(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New self-attention buffers holding `rows`: only their written positions are copied."""
+        k = self.self_k.new_empty((rows.numel(), *self.self_k.shape[1:]))  # (R, h, max_len, d)
+        v = self.self_v.new_empty(k.shape)
+        torch.index_select(self.self_k[:, :, : self.length], 0, rows, out=k[:, :, : self.length])
+        torch.index_select(self.self_v[:, :, : self.length], 0, rows, out=v[:, :, : self.length])
+        return k, v
 
 
 class DecoderLayer(nn.Module):
@@ -251,8 +264,8 @@ class DecoderLayer(nn.Module):
 
         def self_attention(y):
             # The new positions' keys and values join those of earlier positions in the cache.
-            cache.extend(*self.self_attn.keys_values(y))
-            return self.self_attn.attend(y, cache.self_k, cache.self_v, tgt_mask)
+            k, v = cache.extend(*self.self_attn.keys_values(y))  # (B, h, past + T, d_head)
+            return self.self_attn.attend(y, k, v, tgt_mask)
 
         x = self.residuals[0](x, self_attention)
         x = self.residuals[1](
@@ -328,9 +341,16 @@ class Transformer(nn.Module):
         src_mask = padding_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), src_mask), src_mask
 
-    def start_cache(self, memory: torch.Tensor) -> list[LayerCache]:
-        """An empty decoder cache holding each layer's cross-attention keys and values."""
-        return [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder.layers]
+    def start_cache(self, memory: torch.Tensor, max_len: int | None = None) -> list[LayerCache]:
+        """An empty decoder cache for up to `max_len` positions (default: all the model has),
+        holding each layer's cross-attention keys and values."""
+        max_len = max_len or self.tgt_embed.positions.pe.size(0)
+        cache = []
+        for layer in self.decoder.layers:
+            k, v = layer.cross_attn.keys_values(memory)  # (B, h, S, d_head)
+            shape = (k.size(0), k.size(1), max_len, k.size(3))  # (B, h, max_len, d_head)
+            cache.append(LayerCache(k, v, k.new_empty(shape), v.new_empty(shape)))
+        return cache
 
     def decode(
         self,

@@ -51,13 +51,11 @@ class Tracer:
             steps.append(step)
 
     def _beam(self, event: BeamStep) -> None:
-        beam = event.log_probs.size(1)
-        for row, candidates in enumerate(event.candidates):
-            if not candidates:  # this sentence is done
-                continue
-            scores = event.log_probs[row].tolist()
-            live = [j for j in range(beam) if scores[j] != -math.inf]  # always the first ones
-            inputs = [event.tokens[row * beam + j].tolist() for j in live]
+        width = event.log_probs.size(1)
+        for i, (row, candidates) in enumerate(zip(event.rows, event.candidates)):
+            scores = event.log_probs[i].tolist()
+            live = [j for j in range(width) if scores[j] != -math.inf]  # always the first ones
+            inputs = [event.tokens[i * width + j].tolist() for j in live]
             step = TraceStep(event.step, inputs, [scores[j] for j in live])
             step.candidates = candidates
             self.steps.setdefault(row, []).append(step)

@@ -1,34 +1,117 @@
 """Decoding speed on the shipped test split: sentences/s and target tokens/s per search mode.
 
     python scripts/bench_decode.py --run runs/NAME [--sentences 2000] [--bleu]
+    python scripts/bench_decode.py --long-outputs 20 (--run runs/NAME | --random-model CONFIG)
 
 Modes: greedy without the key/value cache and with it, at batch 1 and at the configured batch;
 beam 4; greedy with dynamic int8 quantization. Prints one line per mode (and BLEU with --bleu).
+
+With --long-outputs N, instead: N random sources decoded one at a time (batch 1), greedy
+without and with the cache, each output forced to a length drawn from 40-64 pieces (the model's
+</s> is disabled), on a run's model or a randomly initialised one of a config: where the cache
+pays, since recomputation re-reads the whole prefix at every step.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from mtrain import checkpoint, runtime
+from mtrain import checkpoint, config, runtime
 from mtrain.data import group_references, read_parallel
+from mtrain.decode import greedy
 from mtrain.evaluate import score
+from mtrain.model import Transformer
+from mtrain.tokenizer import EOS_ID, PAD_ID
 from mtrain.translate import Translator
+
+LONG = (40, 64)  # output pieces with --long-outputs
+LENGTH_RATIO = 1.5  # source pieces = output pieces / this, as configs/default.yaml's limit
+
+
+def long_output_model(args, device: torch.device) -> Transformer:
+    """A run's model, or a randomly initialised one of a config, that never outputs </s>."""
+    if args.run is not None:
+        model = checkpoint.load_run(args.run, device)[2]
+    else:
+        cfg = config.load(args.random_model)
+        torch.manual_seed(0)
+        vocab = cfg.tokenizer.vocab_size
+        # positions for the longest output timed here, whatever the config's data lengths
+        model = Transformer(cfg.model, vocab, vocab, LONG[1], PAD_ID).to(device).eval()
+    positions = model.tgt_embed.positions.pe.size(0)
+    if positions < LONG[1]:
+        sys.exit(f"bench_decode.py: the model has {positions} positions; 40-64 pieces need 64")
+    with torch.no_grad():  # every output then runs to its length limit
+        model.output_projection.bias[EOS_ID] = float("-inf")
+    return model
+
+
+def long_outputs(args, device: torch.device) -> None:
+    """Batch-1 greedy, without and with the cache, on outputs forced to 40-64 pieces."""
+    model = long_output_model(args, device)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(LONG[0], LONG[1] + 1, (args.long_outputs,), generator=g).tolist()
+    vocab = model.src_embed.tokens.num_embeddings
+    sources = [  # (1, S) random pieces (ids from 4: not special), then </s>
+        torch.cat(
+            [
+                torch.randint(4, vocab, (1, math.ceil(n / LENGTH_RATIO) - 1), generator=g),
+                torch.tensor([[EOS_ID]]),
+            ],
+            dim=1,
+        ).to(device)
+        for n in lengths
+    ]
+    what = "random model of " + str(args.random_model) if args.run is None else str(args.run)
+    print(
+        f"{len(lengths)} random sources, outputs of {min(lengths)}-{max(lengths)} pieces "
+        f"(mean {sum(lengths) / len(lengths):.1f}), batch 1, {what}, "
+        f"{torch.get_num_threads()} threads, device {device}"
+    )
+    greedy(model, sources[0], torch.tensor([LONG[0]]))  # warm-up: first-call costs
+    seconds = {False: 0.0, True: 0.0}
+    for src, n in zip(sources, lengths):  # alternating, so both modes see the same machine
+        for use_cache in (False, True):
+            start = time.perf_counter()
+            (out,) = greedy(model, src, torch.tensor([n]), use_cache)
+            seconds[use_cache] += time.perf_counter() - start
+            assert len(out) == n, "an output stopped before its length"
+    for use_cache, took in seconds.items():
+        name = f"greedy, {'cache' if use_cache else 'no cache'}, batch 1, 40-64 pieces"
+        print(
+            f"{name:38s} {took:7.2f} s  {len(lengths) / took:8.2f} sent/s  "
+            f"{sum(lengths) / took:8.0f} tgt tok/s"
+        )
+    print(f"the cache is {seconds[False] / seconds[True]:.2f}x faster than recomputation")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--run", type=Path)
     parser.add_argument("--sentences", type=int, default=2000, help="first N test sentences")
     parser.add_argument("--bleu", action="store_true", help="also score each mode")
+    parser.add_argument(
+        "--long-outputs", type=int, default=0, metavar="N", help="instead: N long outputs"
+    )
+    parser.add_argument(
+        "--random-model", type=Path, metavar="CONFIG", help="--long-outputs without a run"
+    )
     args = parser.parse_args()
+    if args.long_outputs and (args.run is None) == (args.random_model is None):
+        parser.error("--long-outputs needs --run or --random-model")
+    if not args.long_outputs and (args.run is None or args.random_model is not None):
+        parser.error("--run is required; --random-model goes with --long-outputs")
 
     device = runtime.pick_device()
+    if args.long_outputs:
+        return long_outputs(args, device)
     cfg, tokenizer, model = checkpoint.load_run(args.run, device)
     pairs = read_parallel(
         Path(cfg.data.test), cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns

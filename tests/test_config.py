@@ -100,3 +100,9 @@ def test_yaml_cannot_construct_python_objects(tmp_path):
     path = write(tmp_path, "model: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         config.load(path)
+
+
+@pytest.mark.parametrize("src, tgt", [(40, 72), (72, 40), (64, 64)])
+def test_max_positions_cover_the_longest_source_and_output(src, tgt):
+    data = config.DataConfig(max_src_len=src, max_tgt_len=tgt)
+    assert data.max_positions() == max(src, tgt)

@@ -6,7 +6,7 @@ from mtrain.decode import allowed, beam_search, greedy, length_limits, length_pe
 from mtrain.model import Transformer
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-from .synthetic import small_model
+from .synthetic import model_ending_early, small_model
 
 VOCAB = 20
 
@@ -65,6 +65,40 @@ def test_cached_logits_equal_full_recomputation_at_every_step(norm):
         step = model.decode(tgt_in[:, t : t + 1], memory, src_mask, cache)
         torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
     assert cache[0].length == tgt_in.size(1)
+
+
+def test_preallocated_cache_equals_recomputation_over_long_outputs():
+    """64 positions, as many as the model has: each step writes into buffers allocated once."""
+    torch.manual_seed(5)
+    cfg = ModelConfig(d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=64)
+    model = Transformer(cfg, VOCAB, VOCAB, max_len=64, pad_id=PAD_ID).eval()
+    src = sources()
+    g = torch.Generator().manual_seed(4)
+    tgt_in = torch.cat(
+        [torch.full((3, 1), BOS_ID), torch.randint(4, VOCAB, (3, 63), generator=g)], 1
+    )
+    memory, src_mask = model.encode(src)
+    full = model.decode(tgt_in, memory, src_mask)  # (B, 64, V)
+    cache = model.start_cache(memory)
+    buffers = [(c.self_k.data_ptr(), c.self_v.data_ptr()) for c in cache]
+    t = 0
+    for chunk in (1, 1, 5, 1, 56):  # one position at a time, and several at once
+        step = model.decode(tgt_in[:, t : t + chunk], memory, src_mask, cache)
+        torch.testing.assert_close(step, full[:, t : t + chunk], atol=1e-5, rtol=1e-5)
+        t += chunk
+    assert cache[0].length == 64
+    assert [(c.self_k.data_ptr(), c.self_v.data_ptr()) for c in cache] == buffers  # no copies
+    short = model.start_cache(memory, max_len=4)
+    with pytest.raises(ValueError, match="holds 4 positions, not 5"):
+        model.decode(tgt_in[:, :5], memory, src_mask, short)
+
+
+def test_greedy_with_and_without_cache_agree_on_long_outputs():
+    model = model_ending_early(VOCAB, eos_bias=float("-inf"), seed=6)  # never ends by itself
+    limits = torch.tensor([39, 25, 32])  # the model has 40 positions
+    cached = greedy(model, sources(), limits)
+    assert [len(out) for out in cached] == limits.tolist()
+    assert cached == greedy(model, sources(), limits, use_cache=False)
 
 
 def test_greedy_with_and_without_cache_agree():
@@ -160,3 +194,46 @@ def test_pad_and_start_symbol_are_never_output_and_the_cache_still_agrees():
     beams = beam_search(model, src, limits, beam_size=3, alpha=0.6, nbest=3)
     for out in [*cached, *(h.tokens for hyps in beams for h in hyps)]:
         assert out and PAD_ID not in out and BOS_ID not in out
+
+
+def reference_beam(model, src_row, limit, k, alpha) -> list[tuple[list[int], float]]:
+    """Textbook beam search over one sentence, with the rules of `beam_search` (fairseq's):
+    the whole prefix recomputed for each hypothesis, nothing dropped, Python floats."""
+    src = src_row[src_row != PAD_ID][None]
+    memory, src_mask = model.encode(src)
+    live, finished = [([], 0.0)], []  # (tokens, cumulative log-probability)
+    for step in range(1, limit + 1):
+        ranked = []
+        for tokens, so_far in live:
+            logits = model.decode(torch.tensor([[BOS_ID, *tokens]]), memory, src_mask)[0, -1]
+            log_probs = torch.log_softmax(allowed(logits), dim=-1).tolist()
+            ranked += [(so_far + lp, tokens, t) for t, lp in enumerate(log_probs)]
+        ranked = sorted(ranked, key=lambda c: -c[0])[: 2 * k]
+        live = []
+        for rank, (log_prob, tokens, t) in enumerate(ranked):
+            if log_prob == float("-inf") or len(live) == k:
+                break
+            if t == EOS_ID or step == limit:
+                if rank < k:
+                    body = tokens if t == EOS_ID else [*tokens, t]
+                    finished.append((body, log_prob / length_penalty(step, alpha)))
+            else:
+                live.append(([*tokens, t], log_prob))
+        if step == limit or len(finished) >= k:
+            return sorted(finished, key=lambda h: -h[1])
+    raise AssertionError("unreachable: the limit ends every search")
+
+
+def test_beam_search_that_drops_finished_sentences_equals_a_textbook_beam():
+    """Sentences that finish at different steps leave the batch; the others are unaffected."""
+    model = model_ending_early(VOCAB, eos_bias=1.5, seed=7)
+    src = torch.cat([sources(), torch.tensor([[9, 4, EOS_ID, *[PAD_ID] * 5]])])
+    limits = torch.tensor([12, 3, 9, 6])
+    going = []  # the sentences decoded at each step
+    out = beam_search(model, src, limits, 3, 0.6, nbest=3, observe=lambda e: going.append(e.rows))
+    assert going[0] == [0, 1, 2, 3]
+    assert len({tuple(rows) for rows in going}) >= 3  # they left at different steps
+    for i, hyps in enumerate(out):
+        expected = reference_beam(model, src[i], int(limits[i]), 3, 0.6)[:3]
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected]
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)

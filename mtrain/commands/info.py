@@ -49,8 +49,8 @@ def info(
         tokenizer = Tokenizer.load(run)
         vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
         summary = checkpoint.training_summary(run)
-    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)
-    model = Transformer(cfg.model, *vocab, max_len, 0, joint_vocab=cfg.tokenizer.joint)
+    positions = cfg.data.max_positions()
+    model = Transformer(cfg.model, *vocab, positions, 0, joint_vocab=cfg.tokenizer.joint)
     parts = model_map.parts(model)
     tokenizers = {
         "joint": cfg.tokenizer.joint,

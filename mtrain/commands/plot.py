@@ -72,8 +72,8 @@ def positional(
     setup_logging()
     run = optional_run(run)
     cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
-    max_len = max(cfg.data.max_src_len, cfg.data.max_tgt_len)  # as checkpoint.build_model
-    typer.echo(str(save(plots.positional(cfg.model.d_model, max_len), output)))
+    positions = plots.positional(cfg.model.d_model, cfg.data.max_positions())
+    typer.echo(str(save(positions, output)))
 
 
 @app.command()
