@@ -1,0 +1,128 @@
+"""Translate with a directory `mtrain export` wrote: `Translator`'s input handling and output,
+with CTranslate2 doing the search.
+
+CTranslate2's searches are ours (greedy; beam search that ranks 2 × beam candidates and ends
+a sentence at `beam` finished hypotheses), but for two things, which this module bridges:
+- one output limit per call, where ours is per sentence: each batch is split by limit;
+- the length penalty. CTranslate2 divides by length ** alpha where we divide by GNMT's
+  ((5 + length) / 6) ** alpha. The penalty only ranks finished hypotheses (with alpha > 0 it
+  does not change which ones finish), so we ask CTranslate2 for its `beam` best, recover their
+  log-probabilities, and rank those by ours.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from mtrain import config, runtime
+from mtrain.checkpoint import CONFIG_FILE, CheckpointError
+from mtrain.config import Config, DecodeConfig
+from mtrain.decode import Hypothesis, Observer, length_limits, length_penalty
+from mtrain.export import MTRAIN_CONFIG, is_export, require_ctranslate2
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.translate import Translator
+
+# CTranslate2 stops a beam early when its length penalty is exactly 0; a negligible one keeps
+# its search ours (length ** 1e-9 is 1 in float32).
+NO_PENALTY = 1e-9
+
+
+class CT2Translator(Translator):
+    """A `Translator` whose search runs in CTranslate2 on an exported model."""
+
+    def __init__(
+        self,
+        engine,  # a ctranslate2.Translator
+        tokenizer: Tokenizer,
+        cfg: Config,
+        decode: DecodeConfig | None = None,
+        nbest: int = 1,
+    ):
+        # No PyTorch model: batches are built on the CPU and handed to CTranslate2 as pieces.
+        super().__init__(None, tokenizer, cfg, torch.device("cpu"), decode, nbest)
+        self.engine = engine
+
+    def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
+        """Search a padded (B, S) batch; `observe` sees nothing: CTranslate2 shows no steps."""
+        d = self.decode
+        limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+        # Without the final </s>: the exported config has CTranslate2 add it.
+        sources = [[t for t in row if t != PAD_ID][:-1] for row in src.tolist()]
+        by_limit = defaultdict(list)
+        for row, limit in enumerate(limits.tolist()):
+            by_limit[limit].append(row)
+        found: list[list[Hypothesis]] = [[] for _ in sources]
+        for limit, rows in by_limit.items():
+            pieces = [self.tokenizer.src.id_to_piece(sources[row]) for row in rows]
+            results = self.engine.translate_batch(pieces, max_decoding_length=limit, **self.options)
+            for row, result in zip(rows, results):
+                found[row] = self._hypotheses(result.hypotheses, result.scores)
+        return found
+
+    @property
+    def options(self) -> dict:
+        """translate_batch's options for our search: output limits, never <pad> or <s>."""
+        beam = self.decode.beam_size
+        return {
+            "beam_size": beam,
+            "num_hypotheses": beam,
+            "length_penalty": max(self.decode.alpha, NO_PENALTY) if beam > 1 else 0.0,
+            "return_scores": beam > 1,
+            "return_end_token": True,  # so that a length counts </s>, as ours does
+            "min_decoding_length": 0,  # an empty output may be the best one
+            "max_input_length": 0,  # sources are cut already, at data.max_src_len
+            "suppress_sequences": [[self.tokenizer.tgt.id_to_piece(i)] for i in (PAD_ID, BOS_ID)],
+        }
+
+    def _hypotheses(self, outputs: list[list[str]], scores: list[float]) -> list[Hypothesis]:
+        """CTranslate2's hypotheses as ours: ids without </s>, ranked by GNMT's penalty."""
+        hyps = []
+        for i, pieces in enumerate(outputs):
+            ids = self.tokenizer.tgt.piece_to_id(pieces)
+            body = ids[:-1] if ids and ids[-1] == EOS_ID else ids
+            if not scores:  # greedy
+                hyps.append(Hypothesis(body, None))
+                continue
+            length = len(ids)  # the steps taken, </s> included
+            log_prob = scores[i] * length ** self.options["length_penalty"]
+            hyps.append(Hypothesis(body, log_prob / length_penalty(length, self.decode.alpha)))
+        return sorted(hyps, key=lambda h: -h.score)[: self.nbest] if scores else hyps
+
+
+def load(
+    directory: Path, device: str = "auto", int8: bool = False
+) -> tuple[Config, Tokenizer, object]:
+    """An exported directory's config, tokenizer and ctranslate2.Translator.
+
+    `int8` computes in int8 whatever the stored weights; the threads are PyTorch's, so that
+    the two engines are compared on equal terms.
+    """
+    ct2 = require_ctranslate2()
+    if not is_export(directory):
+        hint = (
+            f"; export it first: mtrain export {directory} -o DIR"
+            if (directory / CONFIG_FILE).is_file()
+            else ""
+        )
+        raise CheckpointError(
+            f"{directory}: not a directory written by mtrain export (no {MTRAIN_CONFIG}){hint}"
+        )
+    try:
+        cfg = config.load(directory / MTRAIN_CONFIG)
+        tokenizer = Tokenizer.load(directory)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{directory}: {e}") from None
+    torch_device = runtime.pick_device(device)
+    try:
+        engine = ct2.Translator(
+            str(directory),
+            device=torch_device.type,
+            compute_type="int8" if int8 else "default",
+            intra_threads=torch.get_num_threads(),
+        )
+    except (RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{directory}: CTranslate2 cannot load it ({e})") from None
+    return cfg, tokenizer, engine
