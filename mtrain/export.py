@@ -204,17 +204,21 @@ Without it, with only `pip install ctranslate2 sentencepiece`:
 
 ```python
 import ctranslate2, sentencepiece as spm
+
 src, tgt = (spm.SentencePieceProcessor(model_file=f"{out}/spm.{{s}}.model") for s in ("src", "tgt"))
 translator = ctranslate2.Translator("{out}")
 result = translator.translate_batch([src.encode("{example}", out_type=str)], beam_size={beam})
 print(tgt.decode(result[0].hypotheses[0]))
 ```
 
-What `mtrain translate` does besides: it collapses whitespace{zh}; it cuts sources at
-{data.max_src_len} pieces and outputs at {d.max_len_ratio} × source pieces + {d.max_len_offset}
-(at most {data.max_tgt_len}); it never outputs `<pad>` or `<s>`; and it ranks beam search's finished
-hypotheses by GNMT's length penalty ((5 + length) / 6) ** {d.alpha}, where CTranslate2's
-`length_penalty` divides by length ** alpha.
+What `mtrain translate` does that these lines do not:
+- it collapses whitespace{zh};
+- it cuts sources at {data.max_src_len} pieces, and outputs at {d.max_len_ratio} × source pieces \
++ {d.max_len_offset} (at most {data.max_tgt_len});
+- it never outputs `<pad>` or `<s>`;
+- beam search ranks finished hypotheses by GNMT's length penalty, log-probability /
+  ((5 + length) / 6) ** {d.alpha}, where CTranslate2's `length_penalty` divides by
+  length ** alpha.
 """
 
 

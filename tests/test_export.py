@@ -202,14 +202,16 @@ def test_int8_export_translates(ct2, trained_run, tmp_path):
     assert lines[0] and lines[1] == ""
 
 
-def test_readme_python_example_runs(ct2, trained_run, tmp_path):
+def test_readme_python_examples_run(ct2, trained_run, tmp_path):
+    """The five lines in the exported README, and in ours, translate with the exported model."""
     out = export_run(trained_run, tmp_path / "ct2")
-    text = (out / "README.md").read_text(encoding="utf-8")
-    code = text.split("```python\n")[1].split("```")[0]
-    assert len(code.strip().splitlines()) == 5
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip()
+    ours = (REPO / "README.md").read_text(encoding="utf-8").split("## Use your model elsewhere")[1]
+    for text in ((out / "README.md").read_text(encoding="utf-8"), ours):
+        code = text.split("```python\n")[1].split("```")[0].replace("zh-en", str(out))
+        assert len([line for line in code.splitlines() if line]) == 5
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip()
 
 
 def test_export_command_prints_the_directory_and_guards_files(ct2, trained_run, tmp_path, capsys):
