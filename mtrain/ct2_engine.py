@@ -4,14 +4,17 @@ with CTranslate2 doing the search.
 CTranslate2's searches are ours (greedy; beam search that ranks 2 × beam candidates and ends
 a sentence at `beam` finished hypotheses), but for two things, which this module bridges:
 - one output limit per call, where ours is per sentence: each batch is split by limit;
-- the length penalty. CTranslate2 divides by length ** alpha where we divide by GNMT's
-  ((5 + length) / 6) ** alpha. The penalty only ranks finished hypotheses (with alpha > 0 it
-  does not change which ones finish), so we ask CTranslate2 for its `beam` best, recover their
-  log-probabilities, and rank those by ours.
+- the length penalty. CTranslate2 divides by length ** β, we by GNMT's ((5 + length) / 6) **
+  alpha. The penalty only ranks finished hypotheses (with β > 0 it does not change which ones
+  finish), but CTranslate2 returns only its `beam` best of them: we choose the β that tracks
+  GNMT's penalty most closely, so that ours is among them, recover their log-probabilities and
+  rank them by ours. Our best is then CTranslate2's on all but rare sentences (on the tests, all);
+  with --nbest, lower entries may differ where more than `beam` hypotheses finished.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -69,13 +72,22 @@ class CT2Translator(Translator):
         return {
             "beam_size": beam,
             "num_hypotheses": beam,
-            "length_penalty": max(self.decode.alpha, NO_PENALTY) if beam > 1 else 0.0,
+            "length_penalty": self.ranking_exponent() if beam > 1 else 0.0,
             "return_scores": beam > 1,
             "return_end_token": True,  # so that a length counts </s>, as ours does
             "min_decoding_length": 0,  # an empty output may be the best one
             "max_input_length": 0,  # sources are cut already, at data.max_src_len
             "suppress_sequences": [[self.tokenizer.tgt.id_to_piece(i)] for i in (PAD_ID, BOS_ID)],
         }
+
+    def ranking_exponent(self) -> float:
+        """CTranslate2's length_penalty β whose length ** β is closest (least squares in logs,
+        lengths 2 to data.max_tgt_len) to GNMT's ((5 + length) / 6) ** alpha: its `beam` best
+        then hold ours. Both are 1 at length 1. At least NO_PENALTY."""
+        lengths = [math.log(n) for n in range(2, max(self.cfg.data.max_tgt_len, 2) + 1)]
+        gnmt = [self.decode.alpha * math.log((5 + math.exp(x)) / 6) for x in lengths]
+        beta = sum(x * y for x, y in zip(lengths, gnmt)) / sum(x * x for x in lengths)
+        return max(beta, NO_PENALTY)
 
     def _hypotheses(self, outputs: list[list[str]], scores: list[float]) -> list[Hypothesis]:
         """CTranslate2's hypotheses as ours: ids without </s>, ranked by GNMT's penalty."""

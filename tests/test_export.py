@@ -122,6 +122,23 @@ def test_random_models_translate_alike(ct2, tokenizer, tmp_path, norm, tie, join
             assert b.score == pytest.approx(a.score, abs=1e-3)
 
 
+def test_beam_ranks_by_our_length_penalty(ct2, tokenizer, tmp_path, monkeypatch):
+    """A model that often ends at once: where GNMT's penalty prefers a short output to long
+    ones that CTranslate2's length ** alpha would rank first, the engine still gives ours."""
+    cfg = random_config("pre", True, False, beam=4)
+    run = make_run(tmp_path / "run", cfg, tokenizer, {EOS_ID: 2.0})
+    ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode)
+    sentences = [zh for zh, _ in number_pairs(40, seed=11)]
+    expected = [n[0] for n in ours.translate_nbest(sentences)]
+    assert 5 < sum(t.text == "" for t in expected) < 35  # short and long outputs both win
+    got = [n[0] for n in theirs.translate_nbest(sentences)]
+    assert [t.text for t in got] == [t.text for t in expected]
+    assert [t.score for t in got] == pytest.approx([t.score for t in expected], abs=1e-3)
+    monkeypatch.setattr(theirs, "ranking_exponent", lambda: cfg.decode.alpha)
+    naive = [n[0].text for n in theirs.translate_nbest(sentences)]
+    assert naive != [t.text for t in expected]  # CTranslate2's own ranking would lose some
+
+
 def test_exported_vocabularies_and_tokens_are_ours(ct2, tokenizer, tmp_path):
     run = make_run(tmp_path / "run", random_config("pre", True, False), tokenizer, {})
     out = export_run(run, tmp_path / "ct2")
