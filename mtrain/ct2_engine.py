@@ -3,7 +3,8 @@ with CTranslate2 doing the search.
 
 CTranslate2's searches are ours (greedy; beam search that ranks 2 × beam candidates and ends
 a sentence at `beam` finished hypotheses), but for two things, which this module bridges:
-- one output limit per call, where ours is per sentence: each batch is split by limit;
+- one output limit per call, where ours is per sentence: beam search's batches are split by
+  limit, greedy's outputs are cut;
 - the length penalty. CTranslate2 divides by length ** β, we by GNMT's ((5 + length) / 6) **
   alpha. The penalty only ranks finished hypotheses (with β > 0 it does not change which ones
   finish), but CTranslate2 returns only its `beam` best of them: we choose the β that tracks
@@ -33,6 +34,17 @@ from mtrain.translate import Translator
 NO_PENALTY = 1e-9
 
 
+def ranking_exponent(alpha: float, max_len: int) -> float:
+    """The β whose length ** β is closest to GNMT's ((5 + length) / 6) ** alpha (least squares
+    in logs, lengths 2 to max_len; both are 1 at length 1): CTranslate2's `beam` best by it then
+    hold ours. At least NO_PENALTY."""
+    lengths = range(2, max(max_len, 2) + 1)
+    x = [math.log(n) for n in lengths]
+    y = [alpha * math.log((5 + n) / 6) for n in lengths]
+    beta = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
+    return max(beta, NO_PENALTY)
+
+
 class CT2Translator(Translator):
     """A `Translator` whose search runs in CTranslate2 on an exported model."""
 
@@ -47,22 +59,30 @@ class CT2Translator(Translator):
         # No PyTorch model: batches are built on the CPU and handed to CTranslate2 as pieces.
         super().__init__(None, tokenizer, cfg, torch.device("cpu"), decode, nbest)
         self.engine = engine
+        self.length_exponent = ranking_exponent(self.decode.alpha, cfg.data.max_tgt_len)
 
     def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
         """Search a padded (B, S) batch; `observe` sees nothing: CTranslate2 shows no steps."""
         d = self.decode
         limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+        limits = limits.tolist()
         # Without the final </s>: the exported config has CTranslate2 add it.
         sources = [[t for t in row if t != PAD_ID][:-1] for row in src.tolist()]
-        by_limit = defaultdict(list)
-        for row, limit in enumerate(limits.tolist()):
-            by_limit[limit].append(row)
+        # Beam search depends on the limit: one call per limit. Greedy does not (its first n
+        # tokens are those it outputs with limit n): one call, outputs cut at their limits.
+        groups = defaultdict(list)
+        for row, limit in enumerate(limits):
+            groups[limit if d.beam_size > 1 else 0].append(row)
         found: list[list[Hypothesis]] = [[] for _ in sources]
-        for limit, rows in by_limit.items():
-            pieces = [self.tokenizer.src.id_to_piece(sources[row]) for row in rows]
-            results = self.engine.translate_batch(pieces, max_decoding_length=limit, **self.options)
+        for rows in groups.values():
+            results = self.engine.translate_batch(
+                [self.tokenizer.src.id_to_piece(sources[row]) for row in rows],
+                max_decoding_length=max(limits[row] for row in rows),
+                **self.options,
+            )
             for row, result in zip(rows, results):
-                found[row] = self._hypotheses(result.hypotheses, result.scores)
+                outputs = [pieces[: limits[row]] for pieces in result.hypotheses]
+                found[row] = self._hypotheses(outputs, result.scores)
         return found
 
     @property
@@ -72,22 +92,13 @@ class CT2Translator(Translator):
         return {
             "beam_size": beam,
             "num_hypotheses": beam,
-            "length_penalty": self.ranking_exponent() if beam > 1 else 0.0,
+            "length_penalty": self.length_exponent if beam > 1 else 0.0,
             "return_scores": beam > 1,
             "return_end_token": True,  # so that a length counts </s>, as ours does
             "min_decoding_length": 0,  # an empty output may be the best one
             "max_input_length": 0,  # sources are cut already, at data.max_src_len
             "suppress_sequences": [[self.tokenizer.tgt.id_to_piece(i)] for i in (PAD_ID, BOS_ID)],
         }
-
-    def ranking_exponent(self) -> float:
-        """CTranslate2's length_penalty β whose length ** β is closest (least squares in logs,
-        lengths 2 to data.max_tgt_len) to GNMT's ((5 + length) / 6) ** alpha: its `beam` best
-        then hold ours. Both are 1 at length 1. At least NO_PENALTY."""
-        lengths = [math.log(n) for n in range(2, max(self.cfg.data.max_tgt_len, 2) + 1)]
-        gnmt = [self.decode.alpha * math.log((5 + math.exp(x)) / 6) for x in lengths]
-        beta = sum(x * y for x, y in zip(lengths, gnmt)) / sum(x * x for x in lengths)
-        return max(beta, NO_PENALTY)
 
     def _hypotheses(self, outputs: list[list[str]], scores: list[float]) -> list[Hypothesis]:
         """CTranslate2's hypotheses as ours: ids without </s>, ranked by GNMT's penalty."""
@@ -99,7 +110,7 @@ class CT2Translator(Translator):
                 hyps.append(Hypothesis(body, None))
                 continue
             length = len(ids)  # the steps taken, </s> included
-            log_prob = scores[i] * length ** self.options["length_penalty"]
+            log_prob = scores[i] * length**self.length_exponent
             hyps.append(Hypothesis(body, log_prob / length_penalty(length, self.decode.alpha)))
         return sorted(hyps, key=lambda h: -h.score)[: self.nbest] if scores else hyps
 

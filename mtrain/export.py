@@ -9,6 +9,7 @@ scaled by sqrt(d_model), and vocabularies whose positions are our SentencePiece 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -230,6 +231,9 @@ def write_directory(spec, out: Path, tokenizer: Tokenizer, cfg: Config, text: st
     config_text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
     (out / MTRAIN_CONFIG).write_text(config_text, encoding="utf-8")
     (out / "README.md").write_text(text, encoding="utf-8")
+    for path in out.iterdir():  # on disk before the directory is renamed into place
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
 
 
 def is_export(path: Path) -> bool:

@@ -134,7 +134,7 @@ def test_beam_ranks_by_our_length_penalty(ct2, tokenizer, tmp_path, monkeypatch)
     got = [n[0] for n in theirs.translate_nbest(sentences)]
     assert [t.text for t in got] == [t.text for t in expected]
     assert [t.score for t in got] == pytest.approx([t.score for t in expected], abs=1e-3)
-    monkeypatch.setattr(theirs, "ranking_exponent", lambda: cfg.decode.alpha)
+    monkeypatch.setattr(theirs, "length_exponent", cfg.decode.alpha)
     naive = [n[0].text for n in theirs.translate_nbest(sentences)]
     assert naive != [t.text for t in expected]  # CTranslate2's own ranking would lose some
 
