@@ -29,8 +29,8 @@ def export(
     quantize: Annotated[
         ExportQuantize,
         typer.Option(
-            help="Store the weights in int8 (float32 elsewhere: int8_float32 and int8 are the "
-            "same on a CPU) or float16 (for GPUs). Default: float32, as trained.",
+            help="int8 or int8_float32: int8 matrices, the rest float32 (the same file for "
+            "mtrain's float32 weights); float16: for GPUs. Default: float32, as trained.",
         ),
     ] = ExportQuantize.none,
     force: Annotated[
@@ -41,7 +41,7 @@ def export(
 
     The directory holds the model, the SentencePiece models, the run's config and a README with
     a Python example; `mtrain translate --engine ctranslate2 --run DIR` translates with it.
-    Needs `pip install ctranslate2` (in a checkout: pip install -e '.[serve]').
+    Needs CTranslate2: pip install ctranslate2.
     """
     setup_logging()
     level = None if quantize is ExportQuantize.none else quantize.value
