@@ -290,7 +290,7 @@ def main_status(argv: list[str]) -> int:
     return exit_.value.code
 
 
-def test_without_ctranslate2_export_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+def test_without_ctranslate2_both_commands_say_how_to_install_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
     (tmp_path / "run").mkdir()
     assert main_status(["export", str(tmp_path / "run"), "-o", str(tmp_path / "out")]) == 2
@@ -298,6 +298,9 @@ def test_without_ctranslate2_export_says_how_to_install_it(tmp_path, capsys, mon
     assert err.count("\n") == 1
     assert "CTranslate2 is not installed: pip install ctranslate2" in err
     assert not (tmp_path / "out").exists()
+    translate = ["translate", "--engine", "ctranslate2", "--run", str(tmp_path / "run"), "一"]
+    assert main_status(translate) == 2
+    assert capsys.readouterr().err == err
 
 
 @dataclasses.dataclass
