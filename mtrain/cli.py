@@ -7,10 +7,10 @@ import sys
 import typer
 
 from mtrain.checkpoint import CheckpointError
-from mtrain.commands import evaluate, export, info, plot, train, translate
+from mtrain.commands import evaluate, export, info, plot, prepare, train, translate
 from mtrain.commands.common import error
 from mtrain.config import ConfigError
-from mtrain.data import DataError
+from mtrain.corpus import DataError
 from mtrain.distributed import DistributedError
 from mtrain.export import ExportError
 from mtrain.figures import FigureError
@@ -23,6 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Train Transformer translation models and translate with them.",
 )
+app.command()(prepare.prepare)
 app.command()(train.train)
 app.command()(translate.translate)
 app.command(name="eval")(evaluate.evaluate)

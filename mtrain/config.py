@@ -16,15 +16,24 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the file and key."""
 
 
+# A parallel corpus: a TSV file, or {src: FILE, tgt: FILE}, two files aligned line by line.
+Corpus = str | dict[str, str]
+
+
 @dataclass
 class DataConfig:
-    train: str = "data/tatoeba/train.tsv"
-    dev: str = "data/tatoeba/dev.tsv"
-    test: str = "data/tatoeba/test.tsv"
+    train: Corpus | list[Corpus] = "data/tatoeba/train.tsv"  # one corpus or a list of them
+    dev: Corpus = "data/tatoeba/dev.tsv"
+    test: Corpus = "data/tatoeba/test.tsv"
+    prepared_dir: str = "prepared"  # where `mtrain prepare` writes the encoded training corpora
     src_lang: str = "zh"
     tgt_lang: str = "en"
     max_src_len: int = 64  # tokens, </s> included; longer sentences are truncated
     max_tgt_len: int = 64
+    max_len_ratio: float = 9.0  # drop training pairs with 9x the pieces on one side; 0: off
+    # Probability that a training source loses its final punctuation piece (。?!): people
+    # often type none, and a model that never saw that translates such input worse.
+    drop_final_punct: float = 0.0
     # true: the files hold target then source (e.g. the zh<TAB>en corpus read for en→zh).
     swap_columns: bool = False
 
@@ -35,6 +44,7 @@ class TokenizerConfig:
     vocab_size: int = 8000  # per model
     model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = 0.9995
+    input_sentence_size: int = 200_000  # sentences sampled to train each model on
 
 
 @dataclass
@@ -58,6 +68,9 @@ class TrainConfig:
     accumulate: int = 1  # batches whose gradients are summed into one update
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 1000
+    # After warmup: inverse-square-root decay, or linear decay to 0 at the run's end (the
+    # end of the time budget, planned from the measured speed once warmup is over).
+    lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     label_smoothing: float = 0.1
     clip_norm: float = 1.0
     max_steps: int = 100_000
@@ -92,8 +105,28 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def _check_corpus(key: str, value: Any, many: bool) -> Any:
+    """A corpus (file name or {src, tgt} mapping), or with `many` a non-empty list of them."""
+    if many and isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{key}: expected at least one corpus")
+        return [_check_corpus(f"{key}[{i}]", item, False) for i, item in enumerate(value)]
+    if isinstance(value, str) and value:
+        return value
+    if (
+        isinstance(value, dict)
+        and set(value) == {"src", "tgt"}
+        and all(isinstance(path, str) and path for path in value.values())
+    ):
+        return value
+    expected = "a file name, a {src: FILE, tgt: FILE} mapping" + (" or a list" if many else "")
+    raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+
+
 def _check_value(key: str, value: Any, kind: Any) -> Any:
     """Return `value` as type `kind`, or raise ConfigError naming `key`."""
+    if kind in (Corpus, Corpus | list[Corpus]):
+        return _check_corpus(key, value, many=kind is not Corpus)
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         if value not in choices:
@@ -139,6 +172,7 @@ def _validate(cfg: Config) -> None:
         "data.max_src_len": cfg.data.max_src_len,
         "data.max_tgt_len": cfg.data.max_tgt_len,
         "tokenizer.vocab_size": cfg.tokenizer.vocab_size,
+        "tokenizer.input_sentence_size": cfg.tokenizer.input_sentence_size,
         "model.d_model": cfg.model.d_model,
         "model.n_heads": cfg.model.n_heads,
         "model.n_encoder_layers": cfg.model.n_encoder_layers,
@@ -164,11 +198,19 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.model.d_model % 2:
         raise ConfigError("model.d_model: must be even for sinusoidal positions")
+    if not 0 <= cfg.data.drop_final_punct <= 1:
+        raise ConfigError(
+            f"data.drop_final_punct: must be in [0, 1], got {cfg.data.drop_final_punct}"
+        )
     if not 0 <= cfg.model.dropout < 1:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout}")
     if not 0 <= cfg.train.label_smoothing < 1:
         raise ConfigError(
             f"train.label_smoothing: must be in [0, 1), got {cfg.train.label_smoothing}"
+        )
+    if cfg.data.max_len_ratio and cfg.data.max_len_ratio < 1:
+        raise ConfigError(
+            f"data.max_len_ratio: must be 0 (off) or at least 1, got {cfg.data.max_len_ratio}"
         )
     if cfg.decode.alpha < 0 or cfg.decode.max_len_offset < 0:
         raise ConfigError("decode.alpha and decode.max_len_offset must not be negative")

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from mtrain.text import normalize
+from mtrain.corpus import Corpus, DataError, read_pairs
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-
-
-class DataError(ValueError):
-    """A corpus that cannot be read; the message names the file and line."""
 
 
 def read_lines(path: Path) -> list[str]:
@@ -42,15 +37,6 @@ def decode_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
         yield line.rstrip("\r\n")
 
 
-def file_fingerprint(path: Path) -> str:
-    """A hash of a file's bytes, to tell whether a corpus changed."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_parallel(
     path: Path, src_lang: str, tgt_lang: str, swap: bool = False
 ) -> list[tuple[str, str]]:
@@ -58,20 +44,7 @@ def read_parallel(
 
     With `swap`, the file holds `tgt<TAB>src` (or `id<TAB>tgt<TAB>id<TAB>src`) instead.
     """
-    pairs = []
-    for number, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
-        fields = line.split("\t")
-        if len(fields) not in (2, 4):
-            raise DataError(
-                f"{path}:{number}: expected 2 or 4 tab-separated columns, got {len(fields)}"
-            )
-        src, tgt = (fields[0], fields[1]) if len(fields) == 2 else (fields[1], fields[3])
-        if swap:
-            src, tgt = tgt, src
-        pairs.append((normalize(src, src_lang), normalize(tgt, tgt_lang)))
-    return pairs
+    return read_pairs(Corpus(path, swap=swap), src_lang, tgt_lang)
 
 
 def group_references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:
@@ -159,77 +132,48 @@ class Batch:
 
 
 def token_batches(
-    examples: list[Example], batch_tokens: int, rng: random.Random
-) -> list[list[int]]:
-    """Group example indices into batches of at most `batch_tokens` padded tokens.
+    src_len: np.ndarray, tgt_len: np.ndarray, batch_tokens: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Group pair indices into batches of at most `batch_tokens` padded tokens.
 
-    Examples are sorted by length (ties broken at random) so each batch holds similar lengths
-    and little padding; the batch order is then shuffled.
+    Pairs are sorted by (source, target) length, ties in random order, so each batch holds
+    similar lengths and little padding; the order of the batches is then shuffled. `tgt_len`
+    counts pieces: the decoder's side of a pair is one longer (<s> or </s>).
     """
-    order = list(range(len(examples)))
-    rng.shuffle(order)
-    order.sort(key=lambda i: (len(examples[i].src), len(examples[i].tgt)))
-    batches, current, max_src, max_tgt = [], [], 0, 0
-    for i in order:
-        src_len, tgt_len = len(examples[i].src), len(examples[i].tgt) + 1
-        new_src, new_tgt = max(max_src, src_len), max(max_tgt, tgt_len)
-        if current and (len(current) + 1) * (new_src + new_tgt) > batch_tokens:
-            batches.append(current)
-            current, new_src, new_tgt = [], src_len, tgt_len
-        current.append(i)
-        max_src, max_tgt = new_src, new_tgt
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
+    shuffled = rng.permutation(len(src_len))
+    order = shuffled[np.lexsort((tgt_len[shuffled], src_len[shuffled]))]  # stable: ties random
+    batches = split_batches(order, src_len, tgt_len, batch_tokens)
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def split_batches(
+    order: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, batch_tokens: int
+) -> list[np.ndarray]:
+    """Cut `order` into consecutive batches, each the most pairs that fit in `batch_tokens`.
+
+    A batch of k pairs costs k × (longest source + longest target), which only grows with k,
+    so each cut is a binary search; the longest pair is no shorter than the first, so k is at
+    most batch_tokens // (first pair's cost): that bounds how far it looks. The result is the
+    greedy one-pair-at-a-time partition, computed a batch at a time.
+    """
+    src = src_len[order].astype(np.int64)
+    tgt = tgt_len[order].astype(np.int64) + 1
+    batches, start, n = [], 0, len(order)
+    while start < n:
+        window = min(n - start, batch_tokens // int(src[start] + tgt[start]) + 1)
+        end = start + window
+        cost = np.arange(1, window + 1) * (
+            np.maximum.accumulate(src[start:end]) + np.maximum.accumulate(tgt[start:end])
+        )
+        size = max(1, int(np.searchsorted(cost, batch_tokens, side="right")))
+        batches.append(order[start : start + size])
+        start += size
     return batches
 
 
-def epoch_batches(
-    examples: list[Example], batch_tokens: int, rng: random.Random
-) -> Iterator[Batch]:
-    """Yield one epoch of shuffled, token-sized batches."""
-    for indices in token_batches(examples, batch_tokens, rng):
+def example_batches(examples: list[Example], batch_tokens: int) -> Iterator[Batch]:
+    """Padded batches of in-memory examples (dev), grouped by length in a fixed order."""
+    src_len = np.array([len(ex.src) for ex in examples])
+    tgt_len = np.array([len(ex.tgt) for ex in examples])
+    for indices in token_batches(src_len, tgt_len, batch_tokens, np.random.default_rng(0)):
         yield Batch.collate([examples[i] for i in indices])
-
-
-class BatchStream:
-    """Training batches, epoch after epoch, each epoch in a new seeded order.
-
-    It yields each batch as the indices of its examples (`collate` makes the tensors), so that
-    a process can skip the batches another process trains on. Its position (`state_dict`) is
-    the epoch, the batches of it already taken and the generator state its order came from,
-    so a resumed run takes exactly the batches an uninterrupted one would have.
-    """
-
-    def __init__(self, examples: list[Example], batch_tokens: int, seed: int):
-        self.examples, self.batch_tokens = examples, batch_tokens
-        self.rng = random.Random(seed)
-        self.epoch, self.batches_done = 0, 0
-        self.epoch_rng_state = None  # generator state this epoch's order came from
-
-    def __iter__(self) -> Iterator[list[int]]:
-        while True:
-            if self.epoch_rng_state is None:
-                self.epoch_rng_state = self.rng.getstate()
-            else:  # resuming inside an epoch: rebuild its batch order exactly
-                self.rng.setstate(self.epoch_rng_state)
-            order = token_batches(self.examples, self.batch_tokens, self.rng)
-            while self.batches_done < len(order):
-                indices = order[self.batches_done]
-                self.batches_done += 1
-                yield indices
-            self.epoch, self.batches_done, self.epoch_rng_state = self.epoch + 1, 0, None
-
-    def collate(self, indices: list[int]) -> Batch:
-        return Batch.collate([self.examples[i] for i in indices])
-
-    def state_dict(self) -> dict:
-        return {
-            "epoch": self.epoch,
-            "batches_done": self.batches_done,
-            "epoch_rng_state": self.epoch_rng_state,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.batches_done = state["epoch"], state["batches_done"]
-        self.epoch_rng_state = state["epoch_rng_state"]

@@ -1,7 +1,8 @@
-"""The training objective and optimiser: label-smoothed loss, AdamW, warmup + inverse-sqrt."""
+"""The training objective and optimiser: label-smoothed loss, AdamW, warmup then decay."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,6 +22,27 @@ def lr_factor(updates_done: int, warmup_steps: int) -> float:
     if update < warmup_steps:
         return update / warmup_steps
     return math.sqrt(max(warmup_steps, 1) / update)
+
+
+class LinearSchedule:
+    """The learning-rate factor: a linear warmup to 1 at update `warmup`, then a linear decay
+    to nearly 0 at update `total`, the run's last (budgeted training's best-known schedule).
+
+    Under a time budget `total` is not known at first: the factor stays at 1 after warmup until
+    `plan` fixes it from the measured speed. LambdaLR keeps this object's attributes in its
+    state dict, so a resumed run decays exactly as the interrupted one would have.
+    """
+
+    def __init__(self, warmup: int, total: int | None):
+        self.warmup, self.total = warmup, total
+
+    def __call__(self, updates_done: int) -> float:
+        update = updates_done + 1
+        if update < self.warmup:
+            return update / self.warmup
+        if self.total is None:
+            return 1.0
+        return max(0.0, (self.total - update + 1) / max(1, self.total - self.warmup + 1))
 
 
 def loss_fn(
@@ -48,7 +70,9 @@ def build_optimizer(
         weight_decay=0.0,
         fused=True,  # one kernel for all parameters, on the CPU as on CUDA
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg.warmup_steps)
-    )
-    return optimizer, schedule
+    if cfg.lr_schedule == "linear":
+        # Without a time budget the run ends at max_steps; with one, `plan` fixes the end.
+        factor = LinearSchedule(cfg.warmup_steps, None if cfg.max_minutes else cfg.max_steps)
+    else:
+        factor = functools.partial(lr_factor, warmup_steps=cfg.warmup_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

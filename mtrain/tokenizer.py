@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -123,3 +124,13 @@ class Tokenizer:
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self.tgt.decode(ids)
+
+    def src_punctuation_ids(self) -> list[int]:
+        """Source pieces made of punctuation marks only (。 ? ! , . and the like, no quotes)."""
+
+        def is_punctuation(piece: str) -> bool:
+            text = piece.replace("▁", "")
+            return bool(text) and all(unicodedata.category(ch) == "Po" for ch in text)
+
+        pieces = (self.src.id_to_piece(i) for i in range(self.src_vocab_size))
+        return [i for i, piece in enumerate(pieces) if is_punctuation(piece)]

@@ -7,13 +7,13 @@ import dataclasses
 import json
 import logging
 import math
-import random
 import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -21,27 +21,20 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from mtrain import checkpoint, runtime
 from mtrain.config import Config
-from mtrain.data import (
-    Batch,
-    BatchStream,
-    DataError,
-    encode_pairs,
-    epoch_batches,
-    file_fingerprint,
-    group_references,
-    read_parallel,
-)
+from mtrain.corpus import DataError, corpora, read_pairs
+from mtrain.data import Batch, encode_pairs, example_batches, group_references
+from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import DistributedError, Group
 from mtrain.evaluate import score
 from mtrain.files import write_atomic
 from mtrain.model import Transformer
 from mtrain.optim import build_optimizer, loss_fn
-from mtrain.tokenizer import Tokenizer
+from mtrain.prepare import data_digests, identity, prepare
+from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer
 from mtrain.translate import Translator
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-DATA_KEYS = ("train", "dev")  # the corpora a run reads: a resumed run must find them unchanged
 LOG_EVERY = 10  # steps per progress-bar update and per train.jsonl record
 
 
@@ -128,6 +121,42 @@ class TrainLog:
         self.loss_sum, self.tokens = 0.0, 0
 
 
+def training_data(
+    cfg: Config, run_dir: Path, resume: bool, group: Group
+) -> tuple[TokenCorpus, Tokenizer, dict[str, str]]:
+    """The prepared training corpus, the tokenizer and the data's fingerprints for checkpoints.
+
+    Rank 0 prepares the corpus (or finds it prepared) and puts the tokenizer into the run
+    directory. The other ranks then open the same prepared directory: on another machine
+    without a shared disk they prepare it themselves, which gives the same bytes.
+    """
+    if group.is_main:
+        directory = prepare(cfg)
+    expected = group.broadcast(identity(TokenCorpus(directory).manifest) if group.is_main else None)
+    if not group.is_main:
+        directory = prepare(cfg)
+    corpus = TokenCorpus(directory)
+    if identity(corpus.manifest) != expected:
+        raise DataError(
+            f"rank {group.rank}: {directory} differs from rank 0's prepared corpus: "
+            "give every machine the same data files"
+        )
+    if resume:
+        tokenizer = Tokenizer.load(run_dir)
+        if tokenizer.fingerprint() != corpus.manifest["tokenizer"]:
+            raise DataError(
+                f"{directory} was prepared with another tokenizer than {run_dir}'s; "
+                "resuming would not continue the same run (train into another --out)"
+            )
+    else:
+        tokenizer = Tokenizer.load(directory)
+        if group.is_main:
+            for name in (SRC_MODEL, TGT_MODEL):
+                write_atomic(run_dir / name, (directory / name).read_bytes())
+    log.info("training on %d pairs, prepared in %s", len(corpus), directory)
+    return corpus, tokenizer, data_digests(corpus.manifest)
+
+
 class Trainer:
     """Trains one run into its directory; knows the model only through forward/encode/decode."""
 
@@ -149,43 +178,13 @@ class Trainer:
         runtime.set_seed(tcfg.seed)
         runtime.configure(device)
 
-        train_pairs = read_parallel(
-            Path(dcfg.train), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns
-        )
-        dev_pairs = read_parallel(Path(dcfg.dev), dcfg.src_lang, dcfg.tgt_lang, dcfg.swap_columns)
-        for path, pairs in ((dcfg.train, train_pairs), (dcfg.dev, dev_pairs)):
-            if not any(s and t for s, t in pairs):
-                raise DataError(f"{path}: no sentence pairs with both sides non-empty")
-        log.info("read %d training and %d dev pairs", len(train_pairs), len(dev_pairs))
-        # A resumed run must read the same data, or it would not continue the same run.
-        self.data_hash = {key: file_fingerprint(Path(getattr(dcfg, key))) for key in DATA_KEYS}
-        if group.is_main and resume:
-            self.tokenizer = Tokenizer.load(run_dir)
-        elif group.is_main:
-            self.tokenizer = Tokenizer.train(
-                [s for s, _ in train_pairs],
-                [t for _, t in train_pairs],
-                cfg.tokenizer,
-                dcfg.src_lang,
-                dcfg.tgt_lang,
-                run_dir,
-                tcfg.seed,
-            )
-        protos = group.broadcast(self.tokenizer.protos() if group.is_main else None)
-        if not group.is_main:
-            self.tokenizer = Tokenizer.from_protos(*protos)
+        self.corpus, self.tokenizer, self.data_hash = training_data(cfg, run_dir, resume, group)
+        (dev,) = corpora(dcfg.dev, dcfg.swap_columns)
+        dev_pairs = read_pairs(dev, dcfg.src_lang, dcfg.tgt_lang)
+        if not any(s and t for s, t in dev_pairs):
+            raise DataError(f"{dev}: no sentence pairs with both sides non-empty")
         self.tokenizer_hash = self.tokenizer.fingerprint()
-        self.train_examples = encode_pairs(
-            self.tokenizer, train_pairs, dcfg.max_src_len, dcfg.max_tgt_len, drop_long=True
-        )
-        too_long = sum(1 for s, t in train_pairs if s and t) - len(self.train_examples)
-        if not self.train_examples:
-            raise DataError(f"{dcfg.train}: every pair is longer than data.max_src_len/max_tgt_len")
-        if too_long:
-            log.info(
-                "dropped %d training pairs longer than data.max_src_len/max_tgt_len tokens",
-                too_long,
-            )
+        self.punctuation = torch.tensor(self.tokenizer.src_punctuation_ids(), dtype=torch.long)
         self.dev_examples = encode_pairs(
             self.tokenizer, dev_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )
@@ -198,7 +197,9 @@ class Trainer:
         self.amp_dtype = runtime.mixed_precision(device, tcfg.precision)
         # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
         self.scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
-        self.stream = BatchStream(self.train_examples, tcfg.batch_tokens, tcfg.seed)
+        self.stream = BatchStream(
+            self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
+        )
         self.step = 0
         self.best_bleu = -1.0
         self.stale = 0  # validations since dev BLEU last improved
@@ -235,12 +236,16 @@ class Trainer:
         while True:
             indices = [next(stream) for _ in range(group.world_size * accumulate)]
             # Counted on the host from the lengths: no wait for a GPU, no exchange between ranks.
-            examples = [self.train_examples[i] for batch in indices for i in batch]
-            n_target = sum(len(ex.tgt) + 1 for ex in examples)
-            n_source = sum(len(ex.src) for ex in examples)
-            yield Update(
-                [self.stream.collate(b) for b in indices[mine]], n_target, n_source + n_target
-            )
+            every = np.concatenate(indices)
+            n_target = int(self.corpus.tgt_len[every].sum(dtype=np.int64)) + len(every)
+            n_source = int(self.corpus.src_len[every].sum(dtype=np.int64))
+            batches = [self.corpus.collate(b) for b in indices[mine]]
+            if self.cfg.data.drop_final_punct:
+                for batch in batches:
+                    batch.src = drop_final_punctuation(
+                        batch.src, self.punctuation, self.cfg.data.drop_final_punct
+                    )
+            yield Update(batches, n_target, n_source + n_target)
 
     def train_step(self, update: Update) -> float | None:
         """One optimizer update from the summed gradients of the update's batches.
@@ -311,8 +316,7 @@ class Trainer:
         """Teacher-forced dev loss and greedy dev BLEU against all references."""
         self.model.eval()
         total, tokens = 0.0, 0
-        batches = epoch_batches(self.dev_examples, self.cfg.train.batch_tokens, random.Random(0))
-        for batch in batches:
+        for batch in example_batches(self.dev_examples, self.cfg.train.batch_tokens):
             batch = batch.to(self.device)
             with runtime.autocast(self.device, self.amp_dtype):
                 logits = self.model(batch.src, batch.tgt_in)

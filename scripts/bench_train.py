@@ -20,7 +20,6 @@ of each update (DDP), and rank 0 prints each rank's tokens/s and their total.
 from __future__ import annotations
 
 import argparse
-import random
 import resource
 import tempfile
 import time
@@ -31,7 +30,7 @@ import torch
 
 from mtrain import config, distributed, runtime
 from mtrain.config import Config
-from mtrain.data import Batch, epoch_batches
+from mtrain.data import Batch
 from mtrain.tokenizer import PAD_ID
 from mtrain.train import Trainer
 
@@ -114,7 +113,7 @@ def main() -> None:
         shapes.append((8192, 8192, 8192))
     peak = matmul_peak(shapes, device, dtype, say)  # measured again after training: the best
 
-    epoch = epoch_batches(trainer.train_examples, cfg.train.batch_tokens, random.Random(0))
+    epoch = (trainer.corpus.collate(b) for b in trainer.stream.epoch_order(0))
     epoch_padding = padding_fraction(epoch)
 
     updates = trainer.updates()

@@ -26,4 +26,5 @@ def corpus(tmp_path_factory) -> dict[str, str]:
         path = root / f"{name}.tsv"
         path.write_text("".join(f"{zh}\t{en}\n" for zh, en in number_pairs(n, seed)), "utf-8")
         paths[name] = str(path)
+    paths["prepared_dir"] = str(root / "prepared")  # shared by the tests: prepared once
     return paths

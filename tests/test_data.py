@@ -1,19 +1,21 @@
-import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from mtrain.data import (
     Batch,
-    BatchStream,
     DataError,
     Example,
     encode_pairs,
     group_references,
     read_parallel,
+    split_batches,
     token_batches,
 )
+from mtrain.dataset import BatchStream, drop_final_punctuation
 from mtrain.text import normalize
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -137,25 +139,52 @@ def test_empty_pairs_are_dropped(tokenizer):
     assert len(encode_pairs(tokenizer, [("", "one"), ("一", ""), ("一", "one")], 8, 8)) == 1
 
 
-def test_token_batches_cover_every_example_once_within_budget():
-    rng = random.Random(0)
-    examples = [Example([4] * rng.randint(1, 30), [4] * rng.randint(1, 30)) for _ in range(500)]
-    batches = token_batches(examples, 200, random.Random(1))
-    flat = sorted(i for b in batches for i in b)
+def random_lengths(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(2, 31, n).astype(np.uint16), rng.integers(1, 30, n).astype(np.uint16)
+
+
+def greedy_batches(order, src_len, tgt_len, batch_tokens):
+    """The one-pair-at-a-time greedy batching that token_batches computes a batch at a time."""
+    batches, current, max_src, max_tgt = [], [], 0, 0
+    for i in order:
+        new_src, new_tgt = max(max_src, int(src_len[i])), max(max_tgt, int(tgt_len[i]) + 1)
+        if current and (len(current) + 1) * (new_src + new_tgt) > batch_tokens:
+            batches.append(current)
+            current, new_src, new_tgt = [], int(src_len[i]), int(tgt_len[i]) + 1
+        current.append(int(i))
+        max_src, max_tgt = new_src, new_tgt
+    return [*batches, current]
+
+
+def test_token_batches_cover_every_pair_once_within_budget():
+    src_len, tgt_len = random_lengths(500)
+    batches = token_batches(src_len, tgt_len, 200, np.random.default_rng(1))
+    flat = sorted(int(i) for b in batches for i in b)
     assert flat == list(range(500))
     for b in batches:
-        padded = len(b) * (
-            max(len(examples[i].src) for i in b) + max(len(examples[i].tgt) + 1 for i in b)
-        )
-        assert padded <= 200
-    assert batches == token_batches(examples, 200, random.Random(1))
-    assert batches != token_batches(examples, 200, random.Random(2))
+        assert len(b) * (src_len[b].max() + tgt_len[b].max() + 1) <= 200
+    same = token_batches(src_len, tgt_len, 200, np.random.default_rng(1))
+    assert all(np.array_equal(a, b) for a, b in zip(batches, same))
+    other = token_batches(src_len, tgt_len, 200, np.random.default_rng(2))
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, other))
+
+
+def test_split_batches_is_the_greedy_partition():
+    src_len, tgt_len = random_lengths(2000, seed=4)
+    src_len[:3] = 60  # pairs that fill a batch alone
+    order = np.random.default_rng(5).permutation(2000)
+    order = order[np.lexsort((tgt_len[order], src_len[order]))]
+    got = [b.tolist() for b in split_batches(order, src_len, tgt_len, 150)]
+    assert got == greedy_batches(order, src_len, tgt_len, 150)
+    shuffled = np.random.default_rng(6).permutation(2000)  # any order, not only sorted
+    got = [b.tolist() for b in split_batches(shuffled, src_len, tgt_len, 150)]
+    assert got == greedy_batches(shuffled, src_len, tgt_len, 150)
 
 
 def test_batch_stream_resumes_exactly_where_it_stopped():
-    rng = random.Random(0)
-    examples = [Example([4] * rng.randint(1, 30), [5] * rng.randint(1, 30)) for _ in range(300)]
-    stream = BatchStream(examples, 200, seed=3)
+    src_len, tgt_len = random_lengths(300)
+    stream = BatchStream(src_len, tgt_len, 200, seed=3)
     batches = iter(stream)
     for _ in range(70):  # past the end of the first epoch
         next(batches)
@@ -163,7 +192,23 @@ def test_batch_stream_resumes_exactly_where_it_stopped():
     state = stream.state_dict()
     expected = [next(batches) for _ in range(40)]
 
-    resumed = BatchStream(examples, 200, seed=3)
+    resumed = BatchStream(src_len, tgt_len, 200, seed=3)
     resumed.load_state_dict(state)
     got = [b for b, _ in zip(resumed, range(40))]
-    assert got == expected
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_final_punctuation_is_dropped_with_its_probability():
+    punctuation = torch.tensor([9])
+    src = torch.tensor([[5, 9, EOS_ID], [5, 6, EOS_ID], [9, EOS_ID, PAD_ID]] * 2000)
+    torch.manual_seed(0)
+    out = drop_final_punctuation(src, punctuation, 0.3)
+    ends_in_punctuation = src[0::3]
+    dropped = (out[0::3] != ends_in_punctuation).any(1)
+    assert 0.27 < dropped.float().mean() < 0.33
+    assert out[0::3][dropped].tolist() == [[5, EOS_ID, PAD_ID]] * int(dropped.sum())
+    assert out[1::3].equal(src[1::3])  # no final punctuation: unchanged
+    assert out[2::3].equal(src[2::3])  # punctuation alone: never emptied
+    assert (
+        drop_final_punctuation(src, punctuation, 1.0)[0::3].tolist() == [[5, EOS_ID, PAD_ID]] * 2000
+    )

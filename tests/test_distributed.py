@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from mtrain import checkpoint, config, distributed
-from mtrain.data import BatchStream, token_batches
+from mtrain.dataset import BatchStream
 from mtrain.distributed import Group
 from mtrain.train import Trainer
 
@@ -48,17 +47,17 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
     cfg = tiny_config(corpus, max_steps=10, eval_every=10, accumulate=accumulate)
     trainer = Trainer(cfg, Path(run_dir), CPU, group=group)
     consumed, allreduces = [], []
-    collate = trainer.stream.collate
+    collate = trainer.corpus.collate
 
     def recording_collate(indices):
-        consumed.append(list(indices))
+        consumed.append([int(i) for i in indices])
         return collate(indices)
 
     def counting_hook(state, bucket):
         allreduces.append(1)
         return default_hooks.allreduce_hook(state, bucket)
 
-    trainer.stream.collate = recording_collate
+    trainer.corpus.collate = recording_collate
     if group.active:
         trainer.net.register_comm_hook(None, counting_hook)
     trainer.run()
@@ -99,11 +98,11 @@ def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(co
 
     # The ranks took turns through one stream of batches: each batch once, none skipped.
     cfg = tiny_config(corpus)
-    examples = Trainer(cfg, tmp_path / "one", CPU, resume=True).train_examples
-    first_epoch = token_batches(examples, cfg.train.batch_tokens, random.Random(cfg.train.seed))
-    assert len(first_epoch) % 6, "the test needs an epoch that 6 batches do not divide"
-    stream = iter(BatchStream(examples, cfg.train.batch_tokens, cfg.train.seed))
-    expected = [next(stream) for _ in range(10 * 6)]
+    corpus = Trainer(cfg, tmp_path / "one", CPU, resume=True).corpus
+    stream = BatchStream(corpus.src_len, corpus.tgt_len, cfg.train.batch_tokens, cfg.train.seed)
+    assert len(stream.epoch_order(0)) % 6, "the test needs an epoch that 6 batches do not divide"
+    batches = iter(stream)
+    expected = [next(batches).tolist() for _ in range(10 * 6)]
     taken = reports[0]["consumed"] + reports[1]["consumed"]
     assert sorted(map(tuple, taken)) == sorted(map(tuple, expected))
 

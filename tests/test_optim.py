@@ -37,3 +37,26 @@ def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
     torch.testing.assert_close(loss_fn(logits, tgt, 0.0), expected)
     torch.testing.assert_close(loss_fn(logits, tgt, 0.0, "sum"), 3 * expected)
     assert loss_fn(logits, tgt, 0.1) != loss_fn(logits, tgt, 0.0)
+
+
+def test_linear_schedule_decays_to_zero_at_the_last_update_and_resumes_its_plan():
+    model = torch.nn.Linear(2, 2)
+    cfg = TrainConfig(lr=1.0, warmup_steps=4, max_steps=10, lr_schedule="linear")
+    optimizer, schedule = build_optimizer(model, cfg)
+    rates = []
+    for _ in range(12):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert all(a > b for a, b in itertools.pairwise(rates[3:10]))
+    assert rates[9] == pytest.approx(1 / 7) and rates[10:] == [0.0, 0.0]
+
+    # Under a time budget the end is planned later; a resumed run keeps the plan.
+    budgeted = TrainConfig(lr=1.0, warmup_steps=4, max_minutes=5, lr_schedule="linear")
+    optimizer, schedule = build_optimizer(model, budgeted)
+    assert schedule.lr_lambdas[0].total is None
+    schedule.lr_lambdas[0].total = 10
+    _, resumed = build_optimizer(model, budgeted)
+    resumed.load_state_dict(schedule.state_dict())
+    assert resumed.lr_lambdas[0].total == 10

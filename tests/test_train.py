@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,24 +24,26 @@ def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path
     accumulating, whole = trainer("accumulate", 3), trainer("whole", 1)
     update = next(accumulating.updates())
     assert len(update.batches) == 3
-    examples = [whole.train_examples[i] for i in _indices(accumulating, update.batches)]
+    indices = np.array(_indices(accumulating, update.batches))
     loss_parts = accumulating.train_step(update)
-    loss_whole = whole.train_step(Update.of([Batch.collate(examples)]))
+    loss_whole = whole.train_step(Update.of([whole.corpus.collate(indices)]))
     assert loss_parts == pytest.approx(loss_whole, rel=1e-5)
     for (name, a), b in zip(accumulating.model.named_parameters(), whole.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def _indices(trainer: Trainer, batches: list[Batch]) -> list[int]:
-    """The training examples in `batches`, found by their source and target ids."""
-    position = {(tuple(ex.src), tuple(ex.tgt)): i for i, ex in enumerate(trainer.train_examples)}
-    found = []
-    for batch in batches:
-        for src, tgt in zip(batch.src.tolist(), batch.tgt_out.tolist()):
-            src = tuple(t for t in src if t != PAD_ID)
-            tgt = tuple(t for t in tgt if t != PAD_ID)[:-1]  # without </s>
-            found.append(position[(src, tgt)])
-    return found
+    """The indices of the training pairs in `batches`, found by their source and target ids."""
+
+    def pairs(batch: Batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        return [
+            (tuple(t for t in src if t != PAD_ID), tuple(t for t in tgt if t != PAD_ID))
+            for src, tgt in zip(batch.src.tolist(), batch.tgt_out.tolist())
+        ]
+
+    every = pairs(trainer.corpus.collate(np.arange(len(trainer.corpus))))
+    position = {pair: i for i, pair in enumerate(every)}
+    return [position[pair] for batch in batches for pair in pairs(batch)]
 
 
 def test_early_stopping_after_patience_validations_without_progress(corpus, tmp_path, monkeypatch):

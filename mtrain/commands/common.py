@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config, ct2_engine, runtime
+from mtrain import checkpoint, config, corpus, ct2_engine, runtime
 from mtrain.config import Config, DecodeConfig
 from mtrain.translate import Translator
 
@@ -136,3 +136,15 @@ def load_ct2_translator(
     cfg, tokenizer, engine = ct2_engine.load(model_dir, device, quantize is Quantize.int8)
     decode = decode_options(cfg, beam, alpha, nbest)
     return model_dir, cfg, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, nbest)
+
+
+def resolve_data(cfg: Config, config_path: Path) -> None:
+    """Check that the config's corpora exist, and make every data path absolute: the run
+    works from any directory."""
+    for key in ("train", "dev", "test"):
+        try:
+            corpus.check_files(getattr(cfg.data, key), f"data.{key}")
+        except corpus.DataError as e:
+            fail(f"{config_path}: {e}")
+        setattr(cfg.data, key, corpus.resolve(getattr(cfg.data, key)))
+    cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())

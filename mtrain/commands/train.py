@@ -10,11 +10,19 @@ from typing import Annotated
 import typer
 
 from mtrain import checkpoint, config, runtime
-from mtrain.commands.common import RUNS_ROOT, DeviceOption, fail, log, setup_logging
+from mtrain.commands.common import (
+    RUNS_ROOT,
+    DeviceOption,
+    fail,
+    log,
+    resolve_data,
+    setup_logging,
+)
 from mtrain.config import Config
 from mtrain.files import LOCK_FILE, DirectoryLock, remove_leftovers
 
-RESUMABLE_KEYS = {"max_steps", "max_minutes"}  # train.* keys a resumed run may change
+# Keys a resumed run may change: its limits, and where prepared corpora are kept.
+RESUMABLE_KEYS = {("train", "max_steps"), ("train", "max_minutes"), ("data", "prepared_dir")}
 
 
 def is_run_dir(path: Path) -> bool:
@@ -28,7 +36,7 @@ def check_resumable(run_dir: Path, cfg: Config) -> None:
     new = cfg.to_dict()
     for section, values in new.items():
         for key, value in values.items():
-            if saved[section][key] != value and not (section == "train" and key in RESUMABLE_KEYS):
+            if saved[section][key] != value and (section, key) not in RESUMABLE_KEYS:
                 fail(
                     f"{run_dir} was trained with {section}.{key}={saved[section][key]!r}, not "
                     f"{value!r}; use the run's own config or another --out"
@@ -77,11 +85,7 @@ def train(
     cfg = config.load(config_path, overrides or [])
     torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    for key in ("train", "dev", "test"):
-        path = Path(getattr(cfg.data, key))
-        if not path.is_file():
-            fail(f"{config_path}: data.{key}: no such file {path}")
-        setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
+    resolve_data(cfg, config_path)
     if group.is_main:
         check_out(run_dir)
     distributed.start(group, torch_device, peer_timeout)

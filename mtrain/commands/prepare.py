@@ -1,0 +1,35 @@
+"""`mtrain prepare`: encode the training corpora once, for every run that trains on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtrain import config
+from mtrain.commands.common import resolve_data, setup_logging
+
+
+def prepare(
+    config_path: Annotated[
+        Path, typer.Option("--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override one config key, e.g. --set data.max_len_ratio=3."),
+    ] = None,
+) -> None:
+    """Clean and encode the training corpora into memory-mapped token arrays; print their
+    directory.
+
+    `mtrain train` does this by itself when the prepared corpus is missing or stale (a
+    training file, the tokenizer settings or the cleaning rules changed); run it ahead to
+    prepare a large corpus once, on the machine and at the time of your choosing.
+    """
+    from mtrain.prepare import prepare as prepare_corpus  # keeps other commands light
+
+    setup_logging()
+    cfg = config.load(config_path, overrides or [])
+    resolve_data(cfg, config_path)
+    typer.echo(str(prepare_corpus(cfg)))

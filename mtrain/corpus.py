@@ -1,0 +1,158 @@
+"""Parallel corpora on disk: TSV files or line-aligned pairs of files, plain or compressed.
+
+A corpus in a config is a TSV file (`src<TAB>tgt`, or Tatoeba's `id<TAB>src<TAB>id<TAB>tgt`), or
+a mapping `{src: FILE, tgt: FILE}` of two files with one sentence a line. Files ending in `.gz`
+or `.xz` are decompressed as they are read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import lzma
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from mtrain.text import normalize
+
+OPENERS = {".gz": gzip.open, ".xz": lzma.open}
+
+
+class DataError(ValueError):
+    """A corpus that cannot be read; the message names the file and line."""
+
+
+class BadLine(ValueError):
+    """One line that cannot be read as a sentence pair; the message says why."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One parallel corpus: a TSV file, or a source and a target file aligned line by line."""
+
+    path: Path  # the TSV file, or the source file of a pair
+    tgt_path: Path | None = None  # the target file of a pair
+    swap: bool = False  # a TSV holding target<TAB>source
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.path,) if self.tgt_path is None else (self.path, self.tgt_path)
+
+    def __str__(self) -> str:
+        return " + ".join(map(str, self.files))
+
+
+def corpora(spec: Any, swap: bool = False) -> list[Corpus]:
+    """The corpora a validated config value names: one corpus or a list of them."""
+    items = spec if isinstance(spec, list) else [spec]
+    return [
+        Corpus(Path(item), swap=swap)
+        if isinstance(item, str)
+        else Corpus(Path(item["src"]), Path(item["tgt"]))
+        for item in items
+    ]
+
+
+def resolve(spec: Any) -> Any:
+    """The same config value with every file path made absolute (a run works from anywhere)."""
+    if isinstance(spec, list):
+        return [resolve(item) for item in spec]
+    if isinstance(spec, dict):
+        return {side: str(Path(path).resolve()) for side, path in spec.items()}
+    return str(Path(spec).resolve())
+
+
+def check_files(spec: Any, key: str) -> None:
+    """Raise DataError naming `key` unless every file of the corpora is a readable file."""
+    for corpus in corpora(spec):
+        for path in corpus.files:
+            if path.is_dir():
+                raise DataError(f"{key}: {path} is a directory, not a corpus file")
+            if not path.is_file():
+                raise DataError(f"{key}: no such file {path}")
+
+
+def open_binary(path: Path) -> IO[bytes]:
+    """Open a corpus file for reading bytes, decompressing `.gz` and `.xz` files."""
+    try:
+        return OPENERS.get(path.suffix, open)(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    with open_binary(path) as f:
+        try:
+            yield from f
+        except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged or truncated archive
+            raise DataError(f"{path}: cannot read ({e})") from None
+
+
+def raw_lines(corpus: Corpus) -> Iterator[tuple[int, bytes, bytes | None]]:
+    """Yield (line number, line, target line or None) as bytes; a pair of files must have as
+    many lines as each other."""
+    if corpus.tgt_path is None:
+        for number, line in enumerate(_lines(corpus.path), 1):
+            yield number, line, None
+        return
+    src, tgt = _lines(corpus.path), _lines(corpus.tgt_path)
+    number = 0
+    for number, src_line in enumerate(src, 1):
+        tgt_line = next(tgt, None)
+        if tgt_line is None:
+            src_count = number + sum(1 for _ in src)
+            raise DataError(
+                f"{corpus.path} has {src_count} lines but {corpus.tgt_path} has {number - 1}: "
+                "a source and a target file must have one line each per sentence pair"
+            )
+        yield number, src_line, tgt_line
+    extra = sum(1 for _ in tgt)
+    if extra:
+        raise DataError(
+            f"{corpus.path} has {number} lines but {corpus.tgt_path} has {number + extra}: "
+            "a source and a target file must have one line each per sentence pair"
+        )
+
+
+def _text(raw: bytes, first: bool) -> str:
+    try:
+        return raw.decode("utf-8-sig" if first else "utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise BadLine("not valid UTF-8") from None
+
+
+def parse(number: int, line: bytes, tgt_line: bytes | None, swap: bool) -> tuple[str, str]:
+    """The (source, target) text of one raw line or line pair; raises BadLine."""
+    if tgt_line is not None:
+        return _text(line, number == 1), _text(tgt_line, number == 1)
+    fields = _text(line, number == 1).split("\t")
+    if len(fields) not in (2, 4):
+        raise BadLine(f"expected 2 or 4 tab-separated columns, got {len(fields)}")
+    src, tgt = (fields[0], fields[1]) if len(fields) == 2 else (fields[1], fields[3])
+    return (tgt, src) if swap else (src, tgt)
+
+
+def read_pairs(corpus: Corpus, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    """Read a whole (small: dev or test) corpus into normalised pairs; blank lines are skipped
+    and any bad line is an error naming the file and line."""
+    pairs = []
+    for number, line, tgt_line in raw_lines(corpus):
+        try:
+            if tgt_line is None and not line.strip():
+                continue
+            src, tgt = parse(number, line, tgt_line, corpus.swap)
+        except BadLine as e:
+            raise DataError(f"{corpus.path}:{number}: {e}") from None
+        pairs.append((normalize(src, src_lang), normalize(tgt, tgt_lang)))
+    return pairs
+
+
+def fingerprint(path: Path) -> str:
+    """SHA-256 of a file's bytes as stored (compressed files are not decompressed)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
