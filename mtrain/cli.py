@@ -7,11 +7,12 @@ import sys
 import typer
 
 from mtrain.checkpoint import CheckpointError
-from mtrain.commands import evaluate, info, plot, prepare, train, translate
+from mtrain.commands import evaluate, export, info, plot, prepare, train, translate
 from mtrain.commands.common import error
 from mtrain.config import ConfigError
 from mtrain.corpus import DataError
 from mtrain.distributed import DistributedError
+from mtrain.export import ExportError
 from mtrain.figures import FigureError
 from mtrain.files import DirectoryLocked
 from mtrain.runtime import DeviceError
@@ -29,6 +30,7 @@ app.command(name="eval")(evaluate.evaluate)
 app.command()(evaluate.average)
 app.add_typer(plot.app, name="plot")
 app.command()(info.info)
+app.command()(export.export)
 
 # Errors of the user's making (input, files, config, devices): one line each, exit status 2.
 USER_ERRORS = (
@@ -38,6 +40,7 @@ USER_ERRORS = (
     DeviceError,
     DirectoryLocked,
     DistributedError,
+    ExportError,
     FigureError,
 )
 

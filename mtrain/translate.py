@@ -66,6 +66,7 @@ class Translator:
         self.nbest, self.use_cache = nbest, use_cache
 
     def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
+        self.model.eval()
         d = self.decode
         limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
         if d.beam_size == 1 and self.nbest == 1:
@@ -84,7 +85,6 @@ class Translator:
 
     def inspect(self, text: str, observe: Observer) -> Inspection:
         """Translate one sentence alone, showing `observe` every step of the search."""
-        self.model.eval()
         source = normalize(text, self.cfg.data.src_lang)
         if not source:
             return Inspection([], [], [Translation("", 0.0)])
@@ -95,7 +95,6 @@ class Translator:
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         """Translate a list of sentences; each gets up to `nbest` translations, best first."""
-        self.model.eval()
         sources = [normalize(t, self.cfg.data.src_lang) for t in texts]
         todo = [i for i, s in enumerate(sources) if s]  # empty lines translate to empty lines
         ids = self._source_ids([sources[i] for i in todo])

@@ -2,6 +2,7 @@
 
     python scripts/bench_decode.py --run runs/NAME [--sentences 2000] [--bleu]
     python scripts/bench_decode.py --long-outputs 20 (--run runs/NAME | --random-model CONFIG)
+    python scripts/bench_decode.py --run runs/NAME --ctranslate2 [--threads N]
 
 Modes: greedy without the key/value cache and with it, at batch 1 and at the configured batch;
 beam 4; greedy with dynamic int8 quantization. Prints one line per mode (and BLEU with --bleu).
@@ -10,6 +11,10 @@ With --long-outputs N, instead: N random sources decoded one at a time (batch 1)
 without and with the cache, each output forced to a length drawn from 40-64 pieces (the model's
 </s> is disabled), on a run's model or a randomly initialised one of a config: where the cache
 pays, since recomputation re-reads the whole prefix at every step.
+With --ctranslate2, instead: mtrain and CTranslate2 side by side on the run exported to a
+temporary directory (needs `pip install ctranslate2`), greedy, beam 4 and int8 greedy, at the
+configured batch and the same thread count: a Markdown table of sentences/s, BLEU and how many
+outputs are the same as mtrain's.
 """
 
 from __future__ import annotations
@@ -18,19 +23,22 @@ import argparse
 import dataclasses
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from mtrain import checkpoint, config, runtime
+from mtrain import checkpoint, config, ct2_engine, runtime
 from mtrain.data import group_references, read_parallel
 from mtrain.decode import greedy
 from mtrain.evaluate import score
+from mtrain.export import export_run
 from mtrain.model import Transformer
 from mtrain.tokenizer import EOS_ID, PAD_ID
 from mtrain.translate import Translator
 
+CPU = torch.device("cpu")
 LONG = (40, 64)  # output pieces with --long-outputs
 LENGTH_RATIO = 1.5  # source pieces = output pieces / this, as configs/default.yaml's limit
 
@@ -92,6 +100,46 @@ def long_outputs(args, device: torch.device) -> None:
     print(f"the cache is {seconds[False] / seconds[True]:.2f}x faster than recomputation")
 
 
+def timed(translator: Translator, sources: list[str]) -> tuple[list[str], float]:
+    """The translations of `sources` and the seconds they took (after a short warm-up)."""
+    translator.translate(sources[:10])
+    start = time.perf_counter()
+    hyps = translator.translate(sources)
+    return hyps, time.perf_counter() - start
+
+
+def side_by_side(run: Path, cfg, tokenizer, model, sources, refs) -> None:
+    """mtrain and CTranslate2 on the same sentences, batches and threads: a Markdown table."""
+    greedy_cfg = dataclasses.replace(cfg.decode, beam_size=1)
+    beam4 = dataclasses.replace(cfg.decode, beam_size=4)
+    int8 = runtime.quantize_int8(model)
+    threads = torch.get_num_threads()
+    print(f"{len(sources)} test sentences, {threads} threads, CPU, batch {cfg.decode.batch_tokens}")
+    print("| search | engine | seconds | sentences/s | BLEU | outputs equal to mtrain's |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = export_run(run, Path(tmp) / "ct2")
+        engines = {int8_: ct2_engine.load(exported, "cpu", int8_)[2] for int8_ in (False, True)}
+        for name, decode, quantized in (
+            ("greedy", greedy_cfg, False),
+            ("beam 4", beam4, False),
+            ("greedy, int8", greedy_cfg, True),
+        ):
+            ours = Translator(int8 if quantized else model, tokenizer, cfg, CPU, decode)
+            theirs = ct2_engine.CT2Translator(engines[quantized], tokenizer, cfg, decode)
+            reference = None
+            for engine, translator in (("mtrain", ours), ("CTranslate2", theirs)):
+                hyps, seconds = timed(translator, sources)
+                reference = reference or hyps
+                same = sum(a == b for a, b in zip(hyps, reference)) / len(hyps)
+                bleu = score(hyps, refs, cfg.data.tgt_lang).bleu
+                print(
+                    f"| {name} | {engine} | {seconds:.2f} | {len(sources) / seconds:.1f} | "
+                    f"{bleu:.2f} | {100 * same:.1f}% |",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path)
@@ -103,6 +151,8 @@ def main() -> None:
     parser.add_argument(
         "--random-model", type=Path, metavar="CONFIG", help="--long-outputs without a run"
     )
+    parser.add_argument("--ctranslate2", action="store_true", help="instead: beside CTranslate2")
+    parser.add_argument("--threads", type=int, help="intra-op threads (default: PyTorch's)")
     args = parser.parse_args()
     if args.long_outputs and (args.run is None) == (args.random_model is None):
         parser.error("--long-outputs needs --run or --random-model")
@@ -118,6 +168,10 @@ def main() -> None:
     )
     sources, refs = group_references(pairs)
     sources, refs = sources[: args.sentences], refs[: args.sentences]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ctranslate2:
+        return side_by_side(args.run, cfg, tokenizer, model.cpu(), sources, refs)
     batch1 = dataclasses.replace(cfg.decode, batch_tokens=1, beam_size=1)
     greedy_cfg = dataclasses.replace(cfg.decode, beam_size=1)
     beam4 = dataclasses.replace(cfg.decode, beam_size=4)

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config, corpus, runtime
-from mtrain.config import Config
+from mtrain import checkpoint, config, corpus, ct2_engine, runtime
+from mtrain.config import Config, DecodeConfig
 from mtrain.translate import Translator
 
 RUNS_ROOT = Path("runs")
@@ -107,13 +107,35 @@ def load_translator(
         if torch_device.type != "cpu":
             fail("--quantize int8 runs on the CPU only; add --device cpu")
         model = runtime.quantize_int8(model)
+    decode = decode_options(cfg, beam, alpha, nbest)
+    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)
+
+
+def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: int) -> DecodeConfig:
+    """The run's decoding options with those asked for on the command line."""
     asked = {"beam_size": beam, "alpha": alpha}
     raw = cfg.to_dict()
     raw["decode"].update({k: v for k, v in asked.items() if v is not None})
     decode = config.from_dict(raw, "options").decode  # the run's own checks, e.g. a finite alpha
     if nbest > decode.beam_size:
         fail(f"--nbest {nbest} needs --beam {nbest} or more")
-    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)
+    return decode
+
+
+def load_ct2_translator(
+    model_dir: Path | None,
+    device: str,
+    beam: int | None,
+    alpha: float | None,
+    quantize: Quantize,
+    nbest: int = 1,
+) -> tuple[Path, Config, Translator]:
+    """Load a directory written by `mtrain export` into a Translator that CTranslate2 drives."""
+    if model_dir is None:
+        fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")
+    cfg, tokenizer, engine = ct2_engine.load(model_dir, device, quantize is Quantize.int8)
+    decode = decode_options(cfg, beam, alpha, nbest)
+    return model_dir, cfg, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, nbest)
 
 
 def resolve_data(cfg: Config, config_path: Path) -> None:

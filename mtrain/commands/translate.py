@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ from mtrain.commands.common import (
     QuantizeOption,
     RunOption,
     fail,
+    load_ct2_translator,
     load_translator,
     log,
     setup_logging,
@@ -33,6 +35,11 @@ from mtrain.files import atomic_open
 from mtrain.tokenizer import BOS_ID, EOS_ID
 from mtrain.trace import Tracer, format_trace
 from mtrain.translate import Translation, Translator
+
+
+class Engine(str, enum.Enum):
+    mtrain = "mtrain"
+    ctranslate2 = "ctranslate2"
 
 
 def write_translations(out, number: int, translations: list[Translation], nbest: int) -> None:
@@ -157,6 +164,13 @@ def translate(
     quantize: QuantizeOption = Quantize.none,
     which: CheckpointOption = checkpoint.BEST,
     device: DeviceOption = "auto",
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            help="mtrain: the run's checkpoint, on PyTorch. ctranslate2: a directory written by "
+            "`mtrain export`, given as --run; needs `pip install ctranslate2`.",
+        ),
+    ] = Engine.mtrain,
 ) -> None:
     """Translate sentences; one output line per input line, in input order.
 
@@ -168,7 +182,12 @@ def translate(
     setup_logging()
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
-    run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
+    if engine is Engine.ctranslate2:
+        if trace or attention or which != checkpoint.BEST:
+            fail("--trace, --attention and --checkpoint need --engine mtrain")
+        run_dir, cfg, translator = load_ct2_translator(run, device, beam, alpha, quantize, nbest)
+    else:
+        run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
     if output is not None:
         check_output(output, [input_path] if input_path else [], run_dir)
     for number, text in enumerate(texts or [], 1):

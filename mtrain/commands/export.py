@@ -1,0 +1,48 @@
+"""`mtrain export`: a run's model as a CTranslate2 model directory, to serve without mtrain."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtrain import checkpoint
+from mtrain.commands.common import CheckpointOption, setup_logging
+from mtrain.export import export_run
+
+
+class ExportQuantize(str, enum.Enum):
+    none = "none"
+    int8 = "int8"
+    int8_float32 = "int8_float32"
+    float16 = "float16"
+
+
+def export(
+    run: Annotated[
+        Path, typer.Argument(help="Run directory to export.", file_okay=False, exists=True)
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the model into.")],
+    which: CheckpointOption = checkpoint.BEST,
+    quantize: Annotated[
+        ExportQuantize,
+        typer.Option(
+            help="int8 or int8_float32: int8 matrices, the rest float32 (the same file for "
+            "mtrain's float32 weights); float16: for GPUs. Default: float32, as trained.",
+        ),
+    ] = ExportQuantize.none,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier export in the same directory.")
+    ] = False,
+) -> None:
+    """Write a run's model as a CTranslate2 model directory and print the directory.
+
+    The directory holds the model, the SentencePiece models, the run's config and a README with
+    a Python example; `mtrain translate --engine ctranslate2 --run DIR` translates with it.
+    Needs CTranslate2: pip install ctranslate2.
+    """
+    setup_logging()
+    level = None if quantize is ExportQuantize.none else quantize.value
+    typer.echo(str(export_run(run, out, which, level, force)))

@@ -1,0 +1,326 @@
+"""`mtrain export` and `--engine ctranslate2`: CTranslate2 runs our weights and searches as we do.
+
+CTranslate2 is an optional extra: these tests skip without it, except in CI (CI=true), which
+installs it and where a missing CTranslate2 must fail, not skip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtrain import checkpoint, ct2_engine, export
+from mtrain.cli import main
+from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
+from mtrain.decode import NEVER_OUTPUT
+from mtrain.export import ExportError, check_expressible, export_run
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.translate import Translator
+
+from .synthetic import REPO, number_pairs, overrides
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def ct2():
+    if os.environ.get("CI"):
+        return importlib.import_module("ctranslate2")
+    return pytest.importorskip("ctranslate2")
+
+
+def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, float]) -> Path:
+    """A run directory holding a randomly initialised model; `biases` are added to its logits."""
+    path.mkdir()
+    checkpoint.write_config(path, cfg)
+    for name, proto in zip((export.SRC_MODEL, export.TGT_MODEL), tokenizer.protos()):
+        (path / name).write_bytes(proto)
+    torch.manual_seed(0)
+    model = checkpoint.build_model(cfg, tokenizer)
+    with torch.no_grad():
+        for token, bias in biases.items():
+            model.output_projection.bias[token] += bias
+    state = {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint(), "step": 0}
+    checkpoint.save(path / checkpoint.BEST, state)
+    return path
+
+
+def random_config(norm: str, tie: bool, joint: bool, beam: int = 1) -> Config:
+    return Config(
+        data=DataConfig(max_src_len=12, max_tgt_len=14),
+        tokenizer=TokenizerConfig(joint=joint, vocab_size=300, character_coverage=1.0),
+        model=ModelConfig(
+            d_model=32,
+            n_heads=4,
+            n_encoder_layers=2,
+            n_decoder_layers=2,
+            d_ff=64,
+            dropout=0.0,
+            norm=norm,
+            tie_embeddings=tie,
+        ),
+        decode=DecodeConfig(batch_tokens=60, beam_size=beam, max_len_offset=3),
+    )
+
+
+def both_engines(run: Path, out: Path, decode: DecodeConfig, nbest: int = 1):
+    """mtrain's Translator on the run, and CTranslate2's on its export, with `decode`."""
+    cfg, tokenizer, model = checkpoint.load_run(run, CPU)
+    ours = Translator(model, tokenizer, cfg, CPU, decode, nbest)
+    _, _, engine = ct2_engine.load(export_run(run, out), "cpu")
+    return ours, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, nbest)
+
+
+SENTENCES = [zh for zh, _ in number_pairs(24, seed=11)] + [
+    "",  # an empty line gives an empty line
+    "  四  五 ",  # whitespace is collapsed
+    "七" * 30,  # cut at data.max_src_len
+    "我是誰",  # traditional characters, then bytes: the digit tokenizer has none of them
+]
+
+
+@pytest.mark.parametrize(
+    "norm, tie, joint",
+    [("pre", True, False), ("post", True, False), ("pre", False, False), ("post", True, True)],
+)
+@pytest.mark.parametrize("beam", [1, 3])
+def test_random_models_translate_alike(ct2, tokenizer, tmp_path, norm, tie, joint, beam):
+    """Pre- and post-norm, tied, untied and joint-tied: the same outputs, alone and in batches
+    of mixed lengths and output limits; <pad> and <s>, made likeliest, are never output."""
+    if joint:  # one SentencePiece model for both sides
+        tokenizer = Tokenizer(tokenizer.src, tokenizer.src)
+    cfg = random_config(norm, tie, joint, beam)
+    run = make_run(tmp_path / "run", cfg, tokenizer, {PAD_ID: 4.0, BOS_ID: 4.0})
+    ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode, nbest=beam)
+    if joint:
+        assert (tmp_path / "ct2" / "shared_vocabulary.json").is_file()
+    with torch.inference_mode():  # unmasked, the model would output <pad> or <s> first
+        first = ours.model(torch.tensor([[5, 6, EOS_ID]]), torch.tensor([[BOS_ID]]))[0, -1]
+    assert first.argmax().item() in (PAD_ID, BOS_ID)
+
+    alone = [
+        [h.tokens for h in t.inspect(text, lambda event: None).hypotheses]
+        for text in SENTENCES
+        for t in (ours, theirs)
+    ]
+    assert alone[1::2] == alone[0::2]
+    assert len({tuple(hyps[0]) for hyps in alone if hyps}) > 10  # outputs vary with the input
+    assert not {t for hyps in alone for h in hyps for t in h} & {PAD_ID, BOS_ID}
+    expected, got = ours.translate_nbest(SENTENCES), theirs.translate_nbest(SENTENCES)
+    assert [[t.text for t in n] for n in got] == [[t.text for t in n] for n in expected]
+    for a, b in zip([t for n in expected for t in n], [t for n in got for t in n]):
+        assert (a.score is None) == (b.score is None)
+        if a.score is not None:
+            assert b.score == pytest.approx(a.score, abs=1e-3)
+
+
+def test_beam_ranks_by_our_length_penalty(ct2, tokenizer, tmp_path, monkeypatch):
+    """A model that often ends at once: where GNMT's penalty prefers a short output to long
+    ones that CTranslate2's length ** alpha would rank first, the engine still gives ours."""
+    cfg = random_config("pre", True, False, beam=4)
+    run = make_run(tmp_path / "run", cfg, tokenizer, {EOS_ID: 2.0})
+    ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode)
+    sentences = [zh for zh, _ in number_pairs(40, seed=11)]
+    expected = [n[0] for n in ours.translate_nbest(sentences)]
+    assert 5 < sum(t.text == "" for t in expected) < 35  # short and long outputs both win
+    got = [n[0] for n in theirs.translate_nbest(sentences)]
+    assert [t.text for t in got] == [t.text for t in expected]
+    assert [t.score for t in got] == pytest.approx([t.score for t in expected], abs=1e-3)
+    monkeypatch.setattr(theirs, "length_exponent", cfg.decode.alpha)
+    naive = [n[0].text for n in theirs.translate_nbest(sentences)]
+    assert naive != [t.text for t in expected]  # CTranslate2's own ranking would lose some
+
+
+def test_exported_vocabularies_and_tokens_are_ours(ct2, tokenizer, tmp_path):
+    run = make_run(tmp_path / "run", random_config("pre", True, False), tokenizer, {})
+    out = export_run(run, tmp_path / "ct2")
+    for side, sp in (("source", tokenizer.src), ("target", tokenizer.tgt)):
+        pieces = json.loads((out / f"{side}_vocabulary.json").read_text(encoding="utf-8"))
+        assert pieces == [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    config = json.loads((out / "config.json").read_text())
+    assert config["unk_token"] == "<unk>" and config["eos_token"] == "</s>"
+    assert config["decoder_start_token"] == config["bos_token"] == "<s>"
+    assert config["add_source_eos"] and not config["add_source_bos"]
+    assert config["layer_norm_epsilon"] == pytest.approx(1e-5)
+    for name in ("spm.src.model", "spm.tgt.model", "mtrain.yaml", "README.md", "model.bin"):
+        assert (out / name).is_file(), name
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, corpus) -> Path:
+    """configs/tiny.yaml trained for 100 steps on the synthetic digits task."""
+    out = tmp_path_factory.mktemp("runs") / "digits"
+    settings = [f"--set={s}" for s in overrides(corpus, max_steps=100, eval_every=100)]
+    train = [sys.executable, "-m", "mtrain", "train", "--config", "configs/tiny.yaml", "--out"]
+    result = subprocess.run(
+        [*train, str(out), *settings],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_trained_model_greedy_is_ours_token_for_token(ct2, trained_run, tmp_path):
+    """Greedy, float32: every sentence the same, or it differs first where our two best next
+    tokens score within 1e-4 of each other (a tie that float rounding may break either way)."""
+    cfg, _, model = checkpoint.load_run(trained_run, CPU)
+    greedy = dataclasses.replace(cfg.decode, beam_size=1)
+    ours, theirs = both_engines(trained_run, tmp_path / "ct2", greedy)
+    sentences = [zh for zh, _ in number_pairs(100, seed=21)]
+    differ = set()
+    for i, text in enumerate(sentences):
+        mine = ours.inspect(text, lambda event: None)
+        a = mine.hypotheses[0].tokens
+        b = theirs.inspect(text, lambda event: None).hypotheses[0].tokens
+        if a == b:
+            continue
+        differ.add(i)
+        a_end, b_end = [*a, EOS_ID], [*b, EOS_ID]  # </s>, where one ended, differs too
+        step = next(t for t, (x, y) in enumerate(zip(a_end, b_end)) if x != y)
+        with torch.inference_mode():
+            logits = model(torch.tensor([mine.src]), torch.tensor([[BOS_ID, *a[:step]]]))[0, -1]
+        log_probs = logits.index_fill(0, NEVER_OUTPUT, float("-inf")).log_softmax(-1)
+        gap = (log_probs[a_end[step]] - log_probs[b_end[step]]).abs().item()
+        assert gap <= 1e-4, f"{text!r} differs at step {step + 1}, not a tie: {gap:.2e}"
+    assert len(differ) <= len(sentences) // 20  # ties are rare; many differences are a bug
+    batched = zip(ours.translate(sentences), theirs.translate(sentences))
+    assert all(x == y for i, (x, y) in enumerate(batched) if i not in differ)
+
+
+def test_trained_model_beam_agrees_and_scores_match(ct2, trained_run, tmp_path):
+    """Beam 4 with the run's length penalty: >= 99% of sentences the same, scores within 1e-3."""
+    cfg, _, _ = checkpoint.load_run(trained_run, CPU)
+    beam4 = dataclasses.replace(cfg.decode, beam_size=4)
+    ours, theirs = both_engines(trained_run, tmp_path / "ct2", beam4, nbest=1)
+    sentences = [zh for zh, _ in number_pairs(100, seed=22)]
+    expected, got = ours.translate_nbest(sentences), theirs.translate_nbest(sentences)
+    same = [a[0].text == b[0].text for a, b in zip(expected, got)]
+    assert sum(same) >= 0.99 * len(sentences)
+    for a, b, equal in zip(expected, got, same):
+        if equal:
+            assert b[0].score == pytest.approx(a[0].score, abs=1e-3)
+
+
+def test_int8_export_translates(ct2, trained_run, tmp_path):
+    out = export_run(trained_run, tmp_path / "int8", quantize="int8")
+    cfg, tokenizer, engine = ct2_engine.load(out, "cpu")
+    lines = ct2_engine.CT2Translator(engine, tokenizer, cfg).translate(["一二三", ""])
+    assert lines[0] and lines[1] == ""
+
+
+def test_readme_python_examples_run(ct2, trained_run, tmp_path):
+    """The five lines in the exported README, and in ours, translate with the exported model."""
+    out = export_run(trained_run, tmp_path / "ct2")
+    ours = (REPO / "README.md").read_text(encoding="utf-8").split("## Use your model elsewhere")[1]
+    for text in ((out / "README.md").read_text(encoding="utf-8"), ours):
+        code = text.split("```python\n")[1].split("```")[0].replace("zh-en", str(out))
+        assert len([line for line in code.splitlines() if line]) == 5
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip()
+
+
+def test_export_command_prints_the_directory_and_guards_files(ct2, trained_run, tmp_path, capsys):
+    out = tmp_path / "ct2"
+    main_status(["export", str(trained_run), "-o", str(out)])
+    assert capsys.readouterr().out == f"{out}\n"
+    first = (out / "model.bin").stat().st_mtime_ns
+    for args, message in (
+        ([], "exists and is not empty; add --force"),  # an earlier export
+        (["-o", str(trained_run), "--force"], "would replace the run"),
+        (["-o", str(REPO / "configs"), "--force"], "replaces only an earlier export"),
+        (["--quantize", "int4"], "'int4' is not one of"),
+    ):
+        command = ["export", str(trained_run), "-o", str(out), *args]
+        assert main_status(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert (out / "model.bin").stat().st_mtime_ns == first
+    assert main_status(["export", str(trained_run), "-o", str(out), "--force"]) == 0
+    assert not [p for p in tmp_path.iterdir() if p.name != "ct2"]  # no temporary left
+
+
+def test_translate_with_the_ctranslate2_engine(ct2, trained_run, tmp_path, capsys):
+    """The same lines out of `mtrain translate` with either engine (scores to float rounding);
+    what the CTranslate2 engine cannot do is one line."""
+    out = export_run(trained_run, tmp_path / "ct2")
+    lines = "一二三\n\n四五\n"
+    runs = {}
+    translate = [sys.executable, "-m", "mtrain", "translate", "--beam", "2", "--nbest", "2"]
+    for engine, run in (("mtrain", trained_run), ("ctranslate2", out)):
+        result = subprocess.run(
+            [*translate, "--engine", engine, "--run", str(run)],
+            input=lines,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert result.returncode == 0, result.stderr
+        runs[engine] = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert len(runs["mtrain"]) == 5  # two for each sentence, one for the empty line
+    for (n, text, score), (n2, text2, score2) in zip(runs["mtrain"], runs["ctranslate2"]):
+        assert (n, text) == (n2, text2)
+        assert float(score2) == pytest.approx(float(score), abs=2e-4)
+    for args, message in (
+        (["--run", str(trained_run)], "export it first: mtrain export"),
+        (["--run", str(out), "--trace"], "need --engine mtrain"),
+        ([], "needs --run DIR"),
+    ):
+        assert main_status(["translate", "--engine", "ctranslate2", "一", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+
+
+def main_status(argv: list[str]) -> int:
+    """`mtrain ARGV` in this process; its exit status."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    return exit_.value.code
+
+
+def test_without_ctranslate2_both_commands_say_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
+    (tmp_path / "run").mkdir()
+    assert main_status(["export", str(tmp_path / "run"), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "CTranslate2 is not installed: pip install ctranslate2" in err
+    assert not (tmp_path / "out").exists()
+    translate = ["translate", "--engine", "ctranslate2", "--run", str(tmp_path / "run"), "一"]
+    assert main_status(translate) == 2
+    assert capsys.readouterr().err == err
+
+
+@dataclasses.dataclass
+class FutureModelConfig(ModelConfig):
+    activation: str = "gelu"
+
+
+def test_options_ctranslate2_cannot_express_are_refused_by_name():
+    future = Config(model=FutureModelConfig())
+    with pytest.raises(ExportError, match=r"^model\.activation: "):
+        check_expressible(future)
+    rms = Config(model=ModelConfig(norm="rms"))  # a value the config may allow one day
+    with pytest.raises(ExportError, match=r"^model\.norm: 'rms' cannot be expressed"):
+        check_expressible(rms)
+    check_expressible(Config())  # every option of today's models
+
+
+def test_a_weight_with_no_place_in_the_spec_is_refused(ct2, tokenizer):
+    cfg = random_config("pre", True, False)
+    model = checkpoint.build_model(cfg, tokenizer)
+    model.register_parameter("gate", torch.nn.Parameter(torch.zeros(3)))
+    with pytest.raises(ExportError, match=r"weights with no place .*'gate'"):
+        export.build_spec(cfg, tokenizer, model)
