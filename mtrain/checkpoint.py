@@ -15,7 +15,7 @@ import yaml
 
 from mtrain import config as config_mod
 from mtrain.config import Config, ConfigError
-from mtrain.files import atomic_open, tmp_path, write_atomic
+from mtrain.files import atomic_open, replace, tmp_path, write_atomic
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID, Tokenizer
 
@@ -47,7 +47,7 @@ def save_copy(src: Path, dst: Path) -> None:
         with src.open("rb") as f, atomic_open(dst) as out:
             shutil.copyfileobj(f, out)
         return
-    os.replace(tmp, dst)
+    replace(tmp, dst)  # removes the link if the rename fails
 
 
 def load(path: Path) -> dict[str, Any]:
