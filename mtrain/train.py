@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from mtrain import checkpoint, runtime
+from mtrain import checkpoint, jsonl, runtime
 from mtrain.config import Config
 from mtrain.data import (
     Batch,
@@ -33,7 +33,6 @@ from mtrain.data import (
 )
 from mtrain.distributed import DistributedError, Group
 from mtrain.evaluate import score
-from mtrain.files import write_atomic
 from mtrain.model import Transformer
 from mtrain.optim import build_optimizer, loss_fn
 from mtrain.tokenizer import Tokenizer
@@ -83,29 +82,6 @@ class Validation:
     dev_loss: float
     dev_bleu: float
     dev_chrf: float
-
-
-def trim_metrics(path: Path, step: int) -> None:
-    """Cut a metrics log back to the records of steps up to `step`, where a resumed run goes on.
-
-    Records written after the checkpoint it resumes from would be written again, and a line
-    torn by a crash or a full disk is dropped.
-    """
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    kept = []
-    for line in lines:
-        if not line.endswith("\n"):
-            break
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if record.get("step", 0) <= step:
-            kept.append(line)
-    if len(kept) < len(lines):
-        write_atomic(path, "".join(kept))
 
 
 class TrainLog:
@@ -214,7 +190,7 @@ class Trainer:
             torch.manual_seed(tcfg.seed + group.rank)
         if group.is_main:
             for name in (checkpoint.METRICS, checkpoint.TRAIN_LOG):
-                trim_metrics(run_dir / name, self.step)
+                jsonl.trim(run_dir / name, self.step)
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.
         self.net = DistributedDataParallel(self.model) if group.active else self.model
 
