@@ -74,11 +74,13 @@ def train(
 
     group = distributed.from_env()
     setup_logging(quiet=not group.is_main)
-    cfg = config.load(config_path, overrides or [])
+    cfg = config.load(config_path, overrides or [], require_data=True)
     torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     for key in ("train", "dev", "test"):
         path = Path(getattr(cfg.data, key))
+        if path.is_dir():
+            fail(f"{config_path}: data.{key}: {path} is a directory; name the corpus file in it")
         if not path.is_file():
             fail(f"{config_path}: data.{key}: no such file {path}")
         setattr(cfg.data, key, str(path.resolve()))  # the run works from any directory
@@ -133,6 +135,12 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
     for leftover in remove_leftovers(run_dir):
         log.info("removed %s, left by an interrupted write", leftover)
     resume = (run_dir / checkpoint.LAST).exists()
+    kept = (run_dir / checkpoint.BEST).exists() or checkpoint.step_checkpoints(run_dir)
+    if kept and not resume:  # last.pt deleted, or lost
+        fail(
+            f"{run_dir}: holds checkpoints but no {checkpoint.LAST} to resume from; training "
+            "afresh would replace them: use another --out"
+        )
     if resume:
         check_resumable(run_dir, cfg)
     log.info("run directory %s", run_dir)
