@@ -1,3 +1,4 @@
+import itertools
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,7 @@ def alias_bomb(levels: int = 9) -> str:
     """A billion laughs: each level an alias list of nine of the level below."""
     lines = ['  a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     names = "abcdefghijklmnop"[: levels + 1]
-    for prev, name in zip(names, names[1:]):
+    for prev, name in itertools.pairwise(names):
         lines.append(f"  {name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
     return "x:\n" + "\n".join(lines) + f"\ndata:\n  train: *{names[-1]}\n"
 
