@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import shutil
@@ -14,8 +13,9 @@ import torch
 import yaml
 
 from mtrain import config as config_mod
-from mtrain.config import Config, ConfigError
-from mtrain.files import atomic_open, tmp_path, write_atomic
+from mtrain import jsonl
+from mtrain.config import Config
+from mtrain.files import atomic_open, replace, tmp_path, write_atomic
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID, Tokenizer
 
@@ -47,33 +47,75 @@ def save_copy(src: Path, dst: Path) -> None:
         with src.open("rb") as f, atomic_open(dst) as out:
             shutil.copyfileobj(f, out)
         return
-    os.replace(tmp, dst)
+    replace(tmp, dst)  # removes the link if the rename fails
+
+
+# The entries a checkpoint may hold (`Trainer.state`, `average`) and the type of each: a damaged
+# or foreign file is refused here, not deep inside a resume or an average.
+ENTRIES = {
+    "model": dict,
+    "step": int,
+    "tokenizer": str,
+    "optimizer": dict,
+    "scheduler": dict,
+    "scaler": dict,
+    "data": dict,
+    "rng": list,
+    "steps": list,
+    "epoch": int,
+    "batches_done": int,
+    "best_bleu": (int, float),
+    "stale": int,
+    "skipped": int,
+    "minutes": (int, float),
+}
 
 
 def load(path: Path) -> dict[str, Any]:
     """Load a checkpoint as plain tensors and containers; pickled code is refused."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        f = path.open("rb")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except IsADirectoryError:
         raise CheckpointError(f"{path}: is a directory, not a checkpoint") from None
-    except pickle.UnpicklingError as e:
-        why = (
-            "it holds Python objects, not only tensors, which mtrain never loads"
-            if "Unsupported global" in str(e)
-            else "not a PyTorch checkpoint"
-        )
-        raise CheckpointError(f"{path}: not a loadable mtrain checkpoint ({why})") from None
-    except (RuntimeError, EOFError, ValueError):  # torch's zip reader on a cut or damaged file
-        raise CheckpointError(
-            f"{path}: not a loadable mtrain checkpoint (truncated or corrupt)"
-        ) from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"{path}: not a loadable mtrain checkpoint (no model weights)")
+    with f:
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            why = (
+                "it holds Python objects, not only tensors, which mtrain never loads"
+                if "Unsupported global" in str(e)
+                else "not a PyTorch checkpoint"
+            )
+            raise CheckpointError(f"{path}: not a loadable mtrain checkpoint ({why})") from None
+        except Exception:  # torch's readers fail on cut or damaged bytes in many ways
+            raise CheckpointError(
+                f"{path}: not a loadable mtrain checkpoint (truncated or corrupt)"
+            ) from None
+    check_state(path, state)
     return state
+
+
+def check_state(path: Path, state: Any) -> None:
+    """Refuse a loaded object that is not a checkpoint as mtrain writes them."""
+
+    def refuse(why: str) -> None:
+        raise CheckpointError(f"{path}: not a loadable mtrain checkpoint ({why})")
+
+    if not isinstance(state, dict) or "model" not in state:
+        refuse("no model weights")
+    for key, kind in ENTRIES.items():
+        value = state.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            refuse(f"{key!r} holds a {type(value).__name__}")
+    if "step" not in state:
+        refuse("no step")
+    model = state["model"]
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
+        refuse("its model entry holds other things than named tensors")
 
 
 def resolve(run_dir: Path, name: str) -> Path:
@@ -111,20 +153,28 @@ def average(paths: list[Path]) -> dict[str, Any]:
     model, the tokenizer fingerprint and the steps averaged, not the optimizer state.
     """
     states = [load(path) for path in paths]
+    first = states[0]["model"]
     for path, state in zip(paths[1:], states[1:]):
-        check_tokenizer(path, state, states[0]["tokenizer"])
-    total = {k: v.double() for k, v in states[0]["model"].items()}
+        check_tokenizer(path, state, states[0].get("tokenizer"))
+        # Checked, not left to `+=`: it would broadcast other shapes and skip missing names.
+        if state["model"].keys() != first.keys() or any(
+            value.shape != first[key].shape for key, value in state["model"].items()
+        ):
+            raise CheckpointError(
+                f"{path}: cannot average with {paths[0].name} (other weight names or shapes)"
+            )
     try:
+        total = {k: v.double() for k, v in first.items()}
         for state in states[1:]:
             for key, value in state["model"].items():
                 total[key] += value
-    except (KeyError, RuntimeError) as e:
+    except RuntimeError as e:  # tensors of a kind that cannot be summed
         raise CheckpointError(f"{paths[0].parent}: cannot average ({e})") from None
     model = {k: (v / len(states)).to(states[0]["model"][k].dtype) for k, v in total.items()}
     steps = [state["step"] for state in states]  # the steps averaged
     return {
         "model": model,
-        "tokenizer": states[0]["tokenizer"],
+        "tokenizer": states[0].get("tokenizer"),
         "step": steps[-1],
         "steps": steps,
     }
@@ -154,11 +204,8 @@ def load_run(
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
-    try:
-        cfg = config_mod.load(config_path)
-        tokenizer = Tokenizer.load(run_dir)
-    except (ConfigError, OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"{run_dir}: {e}") from None
+    cfg = config_mod.load(config_path)
+    tokenizer = Tokenizer.load(run_dir)
     path = resolve(run_dir, which)
     state = load(path)
     check_tokenizer(path, state, tokenizer.fingerprint())
@@ -181,24 +228,9 @@ def latest_run(runs_root: Path) -> Path:
     return candidates[-1].parent
 
 
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines log (metrics.jsonl, train.jsonl); none if it is absent."""
-    if not path.is_file():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise CheckpointError(f"{path}:{number}: not a JSON record") from None
-    return records
-
-
 def training_summary(run_dir: Path) -> dict[str, Any]:
     """Steps, minutes and best dev BLEU from a run's logs, and the checkpoints it holds."""
-    records = read_log(run_dir / METRICS) + read_log(run_dir / TRAIN_LOG)
+    records = jsonl.read(run_dir / METRICS) + jsonl.read(run_dir / TRAIN_LOG)
     scored = [r for r in records if "dev_bleu" in r]
     best = max(scored, key=lambda r: r["dev_bleu"], default=None)
     return {

@@ -15,7 +15,9 @@ from mtrain.distributed import DistributedError
 from mtrain.export import ExportError
 from mtrain.figures import FigureError
 from mtrain.files import DirectoryLocked
+from mtrain.jsonl import LogError
 from mtrain.runtime import DeviceError
+from mtrain.tokenizer import TokenizerError
 
 app = typer.Typer(
     add_completion=False,
@@ -42,6 +44,8 @@ USER_ERRORS = (
     DistributedError,
     ExportError,
     FigureError,
+    LogError,
+    TokenizerError,
 )
 
 
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         status = app(argv, prog_name="mtrain", standalone_mode=False)
     except USER_ERRORS as e:
         status = error(str(e))
+    except (KeyboardInterrupt, typer.Abort):  # Ctrl-C (typer returns 130; older ones raise Abort)
+        typer.echo("mtrain: interrupted", err=True)
+        status = 130
     except OSError as e:  # a file that cannot be read or written
         status = error(f"{e.filename}: {e.strerror}" if e.filename else str(e))
     except Exception as e:

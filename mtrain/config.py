@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,15 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the file and key."""
+
+
+# Bounds on a config's YAML, far above what a config needs (1 kB, about 60 values, 2 levels), so
+# that a hostile file is refused in bounded time and memory: an alias bomb expands to billions of
+# values, and PyYAML's scanner slows quadratically with nesting.
+MAX_CONFIG_BYTES = 64 << 10
+MAX_NODES = 10_000  # values, counting each alias as what it expands to
+MAX_DEPTH = 32
+DATA_KEYS = ("train", "dev", "test")  # the corpora a config must name to train
 
 
 # A parallel corpus: a TSV file, or {src: FILE, tgt: FILE}, two files aligned line by line.
@@ -136,31 +146,31 @@ def _check_value(key: str, value: Any, kind: Any) -> Any:
         choices = typing.get_args(kind)
         if value not in choices:
             expected = ", ".join(map(str, choices))
-            raise ConfigError(f"{key}: expected one of {expected}, got {value!r}")
+            raise ConfigError(f"{key}: expected one of {expected}, got {reprlib.repr(value)}")
         return value
     if kind is float and not isinstance(value, bool):
         # YAML 1.1 reads 3e-4 (no dot) as a string; people write it that way.
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{key}: expected float, got {value!r}") from None
+            raise ConfigError(f"{key}: expected float, got {reprlib.repr(value)}") from None
         if not math.isfinite(number):
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return number
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}")
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {reprlib.repr(value)}")
     return value
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         where = prefix.rstrip(".") or "top level"
-        raise ConfigError(f"{where}: expected a mapping, got {raw!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {reprlib.repr(raw)}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in known:
-            raise ConfigError(f"unknown key '{prefix}{key}'")
+            raise ConfigError(f"unknown key '{prefix}{reprlib.repr(str(key))[1:-1]}'")
     values = {}
     for name, value in raw.items():
         kind = hints[name]
@@ -249,10 +259,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     parts = key.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
         raise ConfigError(f"--set {assignment!r}: expected section.key=value")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {assignment!r}: value is not valid YAML ({e})") from None
+    value = parse_yaml(text, f"--set {assignment!r}: value")
     section = raw.setdefault(parts[0], {})
     if not isinstance(section, dict):
         raise ConfigError(f"{parts[0]}: expected a mapping")
@@ -269,14 +276,127 @@ def from_dict(raw: Any, source: str = "config") -> Config:
     return cfg
 
 
-def load(path: Path, overrides: list[str] = ()) -> Config:
-    """Load a YAML config file, apply `key=value` overrides and validate the result."""
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong, and where."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if problem and mark is not None:
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(e).split())
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, stopped as soon as a document nests deeper than MAX_DEPTH or holds
+    more than MAX_NODES values."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.nodes = self.depth = 0
+
+    def fetch_flow_collection_start(self, token_class) -> None:
+        if self.flow_level >= MAX_DEPTH:  # checked as scanned: the scanner reads far ahead
+            raise ConfigError(f"nested more than {MAX_DEPTH} deep")
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent, index) -> yaml.Node:
+        self.nodes, self.depth = self.nodes + 1, self.depth + 1
+        try:
+            if self.nodes > MAX_NODES:
+                raise ConfigError(f"more than {MAX_NODES:,} values")
+            if self.depth > MAX_DEPTH:
+                raise ConfigError(f"nested more than {MAX_DEPTH} deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def expanded_nodes(root: yaml.Node) -> int:
+    """The values of a YAML document once its aliases are expanded, up to MAX_NODES + 1.
+
+    An alias is the node it names, shared: counting with a memo takes time linear in the
+    document, where expanding takes time exponential in it.
+    """
+    size: dict[int, int] = {}  # id of a node whose subtree is counted -> its expanded size
+    open_: set[int] = set()  # nodes whose subtrees are being counted: the path from the root
+    stack = [(root, False)]
+    while stack:
+        node, children_counted = stack.pop()
+        children = [] if isinstance(node, yaml.ScalarNode) else node.value
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in children for part in pair]
+        if children_counted:
+            size[id(node)] = min(MAX_NODES + 1, 1 + sum(size[id(c)] for c in children))
+            open_.discard(id(node))
+        elif id(node) in open_:
+            raise ConfigError("an alias refers to a node that contains it")
+        elif id(node) not in size:
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in size)
+    return size[id(root)]
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse one YAML document of plain data, in bounded time and memory."""
+    loader = BoundedLoader(text)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if expanded_nodes(node) > MAX_NODES:
+            raise ConfigError(
+                f"more than {MAX_NODES:,} values once aliases are expanded (an alias bomb?)"
+            )
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {yaml_problem(e)}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    finally:
+        loader.dispose()
+
+
+def read_config(path: Path) -> Any:
+    """The YAML document of a config file, or None for an empty one."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 10} KiB; not a config")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8") from None
+    return parse_yaml(text, str(path))
+
+
+def check_names_data(raw: dict[str, Any], path: Path) -> None:
+    """Refuse a config that leaves its corpora to the defaults.
+
+    The defaults are the bundled data/tatoeba files, found relative to the current directory:
+    an empty or incomplete config would silently train on them.
+    """
+    data = raw.get("data")
+    named = data if isinstance(data, dict) else {}
+    missing = [f"data.{key}" for key in DATA_KEYS if key not in named]
+    if not raw:
+        raise ConfigError(f"{path}: empty config; start from configs/default.yaml")
+    if missing:
+        raise ConfigError(
+            f"{path}: names no {', '.join(missing)}; a run needs its corpora named "
+            "(see configs/default.yaml)"
+        )
+
+
+def load(path: Path, overrides: list[str] = (), require_data: bool = False) -> Config:
+    """Load a YAML config file, apply `key=value` overrides and validate the result.
+
+    With `require_data`, as for training, the config must name its corpora.
+    """
+    raw = read_config(path)
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
@@ -285,4 +405,7 @@ def load(path: Path, overrides: list[str] = ()) -> Config:
             apply_override(raw, assignment)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
-    return from_dict(raw, str(path))
+    cfg = from_dict(raw, str(path))
+    if require_data:
+        check_names_data(raw, path)
+    return cfg

@@ -6,6 +6,8 @@ import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
+from mtrain.files import atomic_open
+
 CJK_FONT = "NotoSansCJKsc-Regular.otf"  # Noto Sans CJK SC, shipped by the mplfonts package
 
 
@@ -38,11 +40,33 @@ def use_cjk_font() -> str:
     return family
 
 
+def formats() -> list[str]:
+    """The file suffixes `save` can write: matplotlib's, but for PGF, which needs LaTeX."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
+
+
+def check_output(path: Path) -> Path:
+    """Refuse a figure path whose suffix names no format `save` can write; before drawing."""
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats():
+        what = f"a .{suffix} file" if suffix else "a file without a suffix"
+        raise FigureError(
+            f"{path}: cannot draw a figure into {what}; use .png, or any of "
+            + ", ".join(f".{f}" for f in formats())
+        )
+    return path
+
+
 def save(fig, path: Path, dpi: int = 120) -> Path:
-    """Write a figure as PNG (creating the folder) and free it."""
+    """Write a figure (creating the folder) atomically, in the format its suffix names; free it."""
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    try:
+        with atomic_open(path) as f:
+            fig.savefig(f, format=path.suffix.lower().lstrip("."), dpi=dpi)
+    finally:
+        plt.close(fig)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import socket
@@ -27,25 +28,65 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
 
 
+def write_target(path: Path) -> Path:
+    """The file that writing to `path` replaces: a symlink's target, so that the link stays."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def sync_directory(directory: Path) -> None:
+    """Flush a directory's entries to disk: until then, a power cut can undo a rename in it."""
+    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened or synced
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot: nothing lost
+            raise
+    finally:
+        os.close(fd)
+
+
+def _named(e: OSError, tmp: Path, path: Path) -> OSError:
+    """`e` naming the file meant, `path`, rather than its temporary file."""
+    if e.filename is None or str(e.filename) == str(tmp):
+        return OSError(e.errno, e.strerror, str(path))
+    return e
+
+
+def replace(tmp: Path, path: Path) -> None:
+    """Rename the complete file `tmp` to `path` durably; on failure, remove `tmp`."""
+    try:
+        os.replace(tmp, path)
+        sync_directory(path.parent)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _named(e, tmp, path) from None
+        raise
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
     """Open a temporary file that replaces `path` only when the block completes.
 
     If the block fails (a full disk, an error, Ctrl-C), the temporary file is removed and
-    `path` keeps what it held before; readers never see a half-written file.
+    `path` keeps what it held before; readers never see a half-written file. A symlink stays
+    a symlink: its target is replaced.
     """
-    tmp = tmp_path(path)
+    target = write_target(path)
+    tmp = tmp_path(target)
     try:
         with tmp.open(mode, **kwargs) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and (e.filename is None or str(e.filename) == str(tmp)):
-            raise OSError(e.errno, e.strerror, str(path)) from None  # name the file meant
+        if isinstance(e, OSError):
+            raise _named(e, tmp, path) from None
         raise
+    replace(tmp, target)
 
 
 def write_atomic(path: Path, data: bytes | memoryview | str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mtrain import checkpoint
+from mtrain import checkpoint, jsonl
 from mtrain.data import Batch, Example, source_ids
 from mtrain.figures import FigureError, use_cjk_font
 from mtrain.model import PositionalEncoding, causal_mask, padding_mask
@@ -44,8 +44,8 @@ def _by_step(records: list[dict]) -> list[dict]:
 
 def read_run(run_dir: Path, name: str) -> RunLog:
     """A run's metrics.jsonl (validations) and train.jsonl (training loss and learning rate)."""
-    metrics = checkpoint.read_log(run_dir / checkpoint.METRICS)
-    train = checkpoint.read_log(run_dir / checkpoint.TRAIN_LOG)
+    metrics = jsonl.read(run_dir / checkpoint.METRICS)
+    train = jsonl.read(run_dir / checkpoint.TRAIN_LOG)
     if not metrics and not train:
         raise FigureError(
             f"{run_dir}: no {checkpoint.METRICS} or {checkpoint.TRAIN_LOG} (not a run directory, "

@@ -17,6 +17,10 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
 
 
+class TokenizerError(ValueError):
+    """A SentencePiece model that cannot be used; the message names the file."""
+
+
 def _train_model(
     sentences: Iterable[str], cfg: TokenizerConfig, coverage: float, seed: int
 ) -> bytes:
@@ -48,15 +52,40 @@ def _train_model(
     return model.getvalue()
 
 
+def check_ids(sp: spm.SentencePieceProcessor, name: str) -> None:
+    """Refuse a model whose special ids are not those mtrain pins."""
+    pinned = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if pinned != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise TokenizerError(f"{name}: special ids {pinned}, expected 0-3 (not an mtrain model)")
+
+
+def load_model(path: Path) -> spm.SentencePieceProcessor:
+    """Load one SentencePiece model file of a run."""
+    try:
+        proto = path.read_bytes()
+    except FileNotFoundError:
+        raise TokenizerError(f"{path}: no such file (a SentencePiece model of the run)") from None
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        if not proto:  # SentencePiece would build an empty model from no bytes
+            raise ValueError
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+    except (RuntimeError, ValueError):  # its parser and checks: a cut or damaged file
+        raise TokenizerError(
+            f"{path}: not a loadable SentencePiece model (truncated or corrupt)"
+        ) from None
+    check_ids(sp, str(path))
+    return sp
+
+
 class Tokenizer:
     """A source and a target SentencePiece model (the same model when the vocabulary is joint)."""
 
     def __init__(self, src: spm.SentencePieceProcessor, tgt: spm.SentencePieceProcessor):
         self.src, self.tgt = src, tgt
         for sp in (src, tgt):
-            pinned = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
-            if pinned != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-                raise ValueError(f"SentencePiece model has special ids {pinned}, expected 0-3")
+            check_ids(sp, "SentencePiece model")
 
     @classmethod
     def train(
@@ -88,9 +117,7 @@ class Tokenizer:
     @classmethod
     def load(cls, run_dir: Path) -> Tokenizer:
         """Load the models that `train` wrote into a run directory."""
-        src = spm.SentencePieceProcessor(model_file=str(run_dir / SRC_MODEL))
-        tgt = spm.SentencePieceProcessor(model_file=str(run_dir / TGT_MODEL))
-        return cls(src, tgt)
+        return cls(load_model(run_dir / SRC_MODEL), load_model(run_dir / TGT_MODEL))
 
     @classmethod
     def from_protos(cls, src: bytes, tgt: bytes) -> Tokenizer:

@@ -15,13 +15,12 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import checkpoint, runtime, train_loop, update_step
+from mtrain import checkpoint, jsonl, runtime, train_loop, update_step
 from mtrain.config import Config
 from mtrain.distributed import Group
 from mtrain.optim import loss_fn
 from mtrain.train_loop import Interrupted, RunWriteError
 from mtrain.training_data import TrainingData, Update
-from mtrain.training_log import trim_metrics
 from mtrain.training_state import Checkpoints, TrainingState
 from mtrain.update_step import NonFiniteLoss, OutOfMemory
 from mtrain.validation import Validation, dev_scores
@@ -63,7 +62,7 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + group.rank)
         if group.is_main:
             for name in (checkpoint.METRICS, checkpoint.TRAIN_LOG):
-                trim_metrics(run_dir / name, self.step)
+                jsonl.trim(run_dir / name, self.step)
         group.end_startup()
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.
         self.net = DistributedDataParallel(self.model) if group.active else self.model

@@ -13,35 +13,11 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from mtrain import checkpoint
-from mtrain.files import write_atomic
 from mtrain.training_data import Update
 from mtrain.validation import Validation
 
 log = logging.getLogger(__name__)
 LOG_EVERY = 10  # steps per progress-bar update and per train.jsonl record
-
-
-def trim_metrics(path: Path, step: int) -> None:
-    """Cut a metrics log back to the records of steps up to `step`, where a resumed run goes on.
-
-    Records written after the checkpoint it resumes from would be written again, and a line
-    torn by a crash or a full disk is dropped.
-    """
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    kept = []
-    for line in lines:
-        if not line.endswith("\n"):
-            break
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if record.get("step", 0) <= step:
-            kept.append(line)
-    if len(kept) < len(lines):
-        write_atomic(path, "".join(kept))
 
 
 class TrainLog:

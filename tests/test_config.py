@@ -1,3 +1,4 @@
+import itertools
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,68 @@ def test_yaml_cannot_construct_python_objects(tmp_path):
 def test_max_positions_cover_the_longest_source_and_output(src, tgt):
     data = config.DataConfig(max_src_len=src, max_tgt_len=tgt)
     assert data.max_positions() == max(src, tgt)
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A billion laughs: each level an alias list of nine of the level below."""
+    lines = ['  a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    names = "abcdefghijklmnop"[: levels + 1]
+    for prev, name in itertools.pairwise(names):
+        lines.append(f"  {name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "x:\n" + "\n".join(lines) + f"\ndata:\n  train: *{names[-1]}\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (alias_bomb(), "more than 10,000 values once aliases are expanded"),
+        ("data: &d\n  train: *d\n", "an alias refers to a node that contains it"),
+        ("data:\n  train: " + "[" * 30_000 + "\n", "nested more than 32 deep"),
+        ("data:\n  train: [" + ", ".join(["1"] * 20_000) + "]\n", "more than 10,000 values"),
+        ("# " + "x" * (64 << 10) + "\n", "larger than 64 KiB"),
+        ("model:\n  d_model: 128\n   n_heads: 8\n", r"not valid YAML: .* \(line 3, column 11\)"),
+        (b"model:\n  norm: \xff\n", r"c\.yaml:2: not valid UTF-8"),
+    ],
+    ids=["alias bomb", "recursive", "deep", "wide", "large", "bad indent", "not UTF-8"],
+)
+def test_hostile_yaml_is_refused_in_one_line(tmp_path, text, message):
+    """Each is refused before it is expanded: an alias bomb would take hours and all memory."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=message) as e:
+        config.load(path)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+def test_aliases_and_merge_keys_that_stay_small_still_load(tmp_path):
+    text = "model: &m\n  d_model: 128\n  n_heads: 8\ndecode:\n  max_len_offset: &n 12\n"
+    cfg = config.load(write(tmp_path, text))
+    assert cfg.model.d_model == 128 and cfg.decode.max_len_offset == 12
+    text = "model:\n  <<: {d_model: 128, n_heads: 8}\n  d_ff: 256\n"
+    assert config.load(write(tmp_path, text)).model.d_model == 128
+
+
+def test_a_set_value_that_is_not_yaml_is_one_line(tmp_path):
+    path = write(tmp_path, "train:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"--set 'train\.lr=\[': value: not valid YAML") as e:
+        config.load(path, ["train.lr=["])
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", r"c\.yaml: empty config"),
+        ("# nothing yet\n", r"c\.yaml: empty config"),
+        ("model:\n  d_model: 128\n", r"names no data\.train, data\.dev, data\.test"),
+        ("data:\n  train: t.tsv\n  dev: d.tsv\n", r"names no data\.test;"),
+    ],
+)
+def test_training_needs_a_config_that_names_its_corpora(tmp_path, text, message):
+    """The defaults are the bundled corpus: an empty config would silently train on it."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message):
+        config.load(path, require_data=True)
+    config.load(path)  # describing a model (`mtrain info --config`) needs no data
+    named = ["data.train=t.tsv", "data.dev=d.tsv", "data.test=e.tsv"]
+    assert config.load(path, named, require_data=True).data.test == "e.tsv"

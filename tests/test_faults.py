@@ -176,14 +176,6 @@ def test_leftovers_of_a_killed_run_are_removed_at_start_up(run_dir, corpus, tmp_
     assert checkpoint.load(run / "last.pt")["step"] == 6
 
 
-def test_resume_cuts_the_metrics_log_back_to_the_checkpoint(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    records = [{"event": "validation", "step": s} for s in (2, 4, 6)]
-    metrics.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"event": "valid')
-    train.trim_metrics(metrics, 4)
-    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [2, 4]
-
-
 def test_changed_training_data_is_refused_on_resume(corpus, tmp_path):
     data = tmp_path / "train.tsv"
     data.write_text(Path(corpus["train"]).read_text(encoding="utf-8"), encoding="utf-8")
@@ -301,24 +293,85 @@ def test_checkpoint_outside_the_run_is_refused(run_dir):
         one_line_error(result, "not a path")
 
 
-def test_stop_before_the_first_checkpoint_does_not_claim_one(tmp_path):
+# The child runs `mtrain` as the console script does. Its tokenizer phase ends only once the test
+# has sent SIGINT: the signal lands during SentencePiece's C++ trainer (Python runs its handler
+# when the call returns) or while the phase waits, however fast the machine.
+HELD_TOKENIZER = """
+import sys
+from mtrain import tokenizer
+from mtrain.__main__ import main
+
+train_model = tokenizer._train_model
+
+def held(*args, **kwargs):
+    sys.stderr.write("tokenizer phase\\n")
+    sys.stderr.flush()
+    model = train_model(*args, **kwargs)
+    sys.stdin.readline()  # the test writes a line once it has sent SIGINT
+    return model
+
+tokenizer._train_model = held
+main()
+"""
+
+# Ctrl-C as `import torch` begins: the first heavy import, seconds long.
+INTERRUPTED_IMPORT = """
+import os, signal, sys
+from mtrain.__main__ import main
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before kill returns
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+main()
+"""
+
+
+def ignoring_sigint() -> None:
+    """What a script's `cmd &` does to its jobs; Python then keeps SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_stop_before_the_first_checkpoint_does_not_claim_one(corpus, tmp_path):
+    """Ctrl-C while the tokenizers train; even one that started ignoring SIGINT counts."""
     run = tmp_path / "run"
-    args = ["train", "--config", "configs/tiny.yaml", "--out", str(run)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mtrain", *args],
+        [sys.executable, "-c", HELD_TOKENIZER, *train_args(run, corpus, max_steps=2)],
         cwd=REPO,
         env=ENV,
+        stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignoring_sigint,
     )
-    for line in proc.stderr:  # training the tokenizer follows this line: interrupt it there
-        if line.startswith("read "):
+    for line in proc.stderr:
+        if line == "tokenizer phase\n":
             proc.send_signal(signal.SIGINT)
+            proc.stdin.write("sent\n")
+            proc.stdin.close()
             break
     stderr = proc.stderr.read()
-    assert proc.wait() == 130
+    assert proc.wait() == 130, stderr
     assert not (run / "last.pt").exists()
     assert "no checkpoint had been written" in stderr and "intact" not in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_while_torch_is_imported_is_one_line(inherited):
+    result = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IMPORT, "info", "--config", "configs/tiny.yaml"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        preexec_fn=ignoring_sigint if inherited == "ignored" else None,
+    )
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "mtrain: interrupted\n" and result.stdout == ""
 
 
 def test_out_that_holds_other_files_is_refused(corpus, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import checkpoint, config, train
+from mtrain import checkpoint, config, jsonl, train
 from mtrain.checkpoint import CheckpointError
 
 from .synthetic import REPO, overrides, small_config
@@ -63,7 +63,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])
     # train.jsonl: the same steps and rates; the window after the resume point holds the same
     # batches in both runs, so the same mean loss.
-    logs = [checkpoint.read_log(run / checkpoint.TRAIN_LOG) for run in (whole, parts)]
+    logs = [jsonl.read(run / checkpoint.TRAIN_LOG) for run in (whole, parts)]
     assert [r["step"] for r in logs[0]] == [r["step"] for r in logs[1]] == [10, 20, 30]
     assert [r["lr"] for r in logs[0]] == [r["lr"] for r in logs[1]]
     assert logs[0][-1]["loss"] == logs[1][-1]["loss"]

@@ -45,6 +45,8 @@ def info(
         vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
     else:
         run = resolve_run(run)
+        if not (run / checkpoint.CONFIG_FILE).is_file():
+            fail(f"{run}: not a run directory (no {checkpoint.CONFIG_FILE})")
         cfg = config.load(run / checkpoint.CONFIG_FILE)
         tokenizer = Tokenizer.load(run)
         vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)

@@ -26,7 +26,19 @@ app = typer.Typer(
 )
 
 
-OutputOption = Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")]
+def figure_output(path: Path) -> Path:
+    """Check --output's format as the options are read: before the figure is drawn."""
+    from mtrain.figures import check_output
+
+    return check_output(path)
+
+
+OutputOption = Annotated[
+    Path,
+    typer.Option(
+        "--output", "-o", help="PNG file to write (or .svg, .pdf, ...).", callback=figure_output
+    ),
+]
 
 
 @app.command()
@@ -41,6 +53,7 @@ def curves(
     from mtrain import plots
     from mtrain.figures import save
 
+    setup_logging()
     typer.echo(str(save(plots.curves(runs), output)))
 
 

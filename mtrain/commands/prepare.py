@@ -30,6 +30,6 @@ def prepare(
     from mtrain.prepare import prepare as prepare_corpus  # keeps other commands light
 
     setup_logging()
-    cfg = config.load(config_path, overrides or [])
+    cfg = config.load(config_path, overrides or [], require_data=True)
     resolve_data(cfg, config_path)
     typer.echo(str(prepare_corpus(cfg)))

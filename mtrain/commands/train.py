@@ -87,7 +87,7 @@ def train(
 
     group = distributed.from_env()
     setup_logging(quiet=not group.is_main)
-    cfg = config.load(config_path, overrides or [])
+    cfg = config.load(config_path, overrides or [], require_data=True)
     torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     resolve_data(cfg, config_path)
@@ -154,6 +154,12 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
     for leftover in remove_leftovers(run_dir):
         log.info("removed %s, left by an interrupted write", leftover)
     resume = (run_dir / checkpoint.LAST).exists()
+    kept = (run_dir / checkpoint.BEST).exists() or checkpoint.step_checkpoints(run_dir)
+    if kept and not resume:  # last.pt deleted, or lost
+        fail(
+            f"{run_dir}: holds checkpoints but no {checkpoint.LAST} to resume from; training "
+            "afresh would replace them: use another --out"
+        )
     if resume:
         check_resumable(run_dir, cfg)
     log.info("run directory %s", run_dir)

@@ -1,0 +1,63 @@
+"""Atomic writes: durable renames, symlinks kept, no temporary file left behind."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from mtrain import checkpoint, files
+from mtrain.files import atomic_open, write_atomic
+
+
+def leftovers(directory) -> list[str]:
+    return [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_rename_is_made_durable_by_syncing_the_directory(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        mode = os.fstat(fd).st_mode
+        synced.append("directory" if stat.S_ISDIR(mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_atomic(tmp_path / "a", "new")
+    # The file's bytes first, then the directory entry that the rename changed.
+    assert synced == ["file", "directory"]
+
+
+def test_a_symlinked_output_is_written_through_to_its_target(tmp_path):
+    target, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    target.write_text("old")
+    link.symlink_to(target)
+    with atomic_open(link, "w") as f:
+        f.write("new")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_dangling_symlink_creates_its_target(tmp_path):
+    link = tmp_path / "link.txt"
+    link.symlink_to(tmp_path / "sub" / ".." / "made.txt")
+    write_atomic(link, "made")
+    assert link.is_symlink() and (tmp_path / "made.txt").read_text() == "made"
+
+
+def test_save_copy_removes_its_link_when_the_rename_fails(tmp_path, monkeypatch):
+    src, dst = tmp_path / "last.pt", tmp_path / "best.pt"
+    src.write_bytes(b"new")
+    dst.write_bytes(b"old")
+
+    def fail(a, b):
+        raise OSError(28, "No space left on device", str(a), None, str(b))
+
+    monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(OSError) as e:
+        checkpoint.save_copy(src, dst)
+    assert e.value.filename == str(dst)  # the file meant, not the temporary one
+    assert leftovers(tmp_path) == [] and dst.read_bytes() == b"old"
