@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from mtrain.config import TrainConfig
 from mtrain.distributed import Group
+from mtrain.optim import LinearSchedule
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -26,9 +27,12 @@ INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
 class Coordinator:
     """The decisions of a run that every process must take alike."""
 
-    def __init__(self, cfg: TrainConfig, group: Group):
+    def __init__(self, cfg: TrainConfig, group: Group, step: int, minutes: float, schedule):
         self.cfg, self.group = cfg, group
         self.budget = cfg.max_minutes or math.inf
+        # The learning rate's end under a linear schedule: where the run ends too.
+        self.schedule = schedule if isinstance(schedule, LinearSchedule) else None
+        self.started = (step, minutes)  # where this process began: the speed is measured since
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
         self.stop_requested = False
@@ -53,12 +57,33 @@ class Coordinator:
                 signal.Signals(signum).name,
             )
 
+    @property
+    def last_step(self) -> int:
+        planned = self.schedule.total if self.schedule and self.schedule.total else math.inf
+        return min(self.cfg.max_steps, planned)
+
+    def plan(self, step: int, minutes: float) -> None:
+        """Once warmup is over, fix the step count the time budget allows, from the speed so
+        far (validations included), so the linear schedule reaches zero at the budget's end."""
+        if self.schedule is None or self.schedule.total is not None or step < self.cfg.warmup_steps:
+            return
+        done, took = step - self.started[0], minutes - self.started[1]
+        left = self.budget - minutes - self.reserve
+        planned = step + max(1, math.floor(done / max(took, 1e-9) * left))
+        self.schedule.total = self.group.broadcast(min(planned, self.cfg.max_steps))
+        if self.group.is_main:
+            log.info(
+                "%.1f steps/min: the learning rate decays to 0 at step %d, the budget's end",
+                done / max(took, 1e-9),
+                self.schedule.total,
+            )
+
     def next_action(self, step: int, minutes: float, updated: bool) -> str:
         """What every process does after an update, as rank 0 decides; `updated` is false
         after a skipped update, which leaves nothing new to validate but may still end the run."""
         if self.stop_requested:
             action = INTERRUPT
-        elif step >= self.cfg.max_steps or minutes + self.reserve >= self.budget:
+        elif step >= self.last_step or minutes + self.reserve >= self.budget:
             action = STOP if step == self.validated_step else FINAL
         elif updated and step % self.cfg.eval_every == 0:
             action = VALIDATE

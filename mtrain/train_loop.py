@@ -32,7 +32,8 @@ def run(trainer: Trainer) -> float:
     Under torchrun, rank 0 decides when to validate and stop, and tells the others.
     """
     tcfg, main = trainer.cfg.train, trainer.group.is_main
-    coordinator = Coordinator(tcfg, trainer.group)
+    schedule = trainer.state.scheduler.lr_lambdas[0]
+    coordinator = Coordinator(tcfg, trainer.group, trainer.step, trainer.minutes(), schedule)
     # Under a time budget the step count is unknown: show no misleading ETA.
     total = None if tcfg.max_minutes else tcfg.max_steps
     try:
@@ -52,11 +53,11 @@ def run(trainer: Trainer) -> float:
 
 def train_updates(trainer: Trainer, coordinator: Coordinator, logs: RunLog) -> None:
     """Train update after update, validating and stopping as the coordinator says."""
-    max_steps = trainer.cfg.train.max_steps
     for update in trainer.updates():
-        if trainer.step >= max_steps:
+        if trainer.step >= coordinator.last_step:
             break
         loss = trainer.train_step(update)
+        coordinator.plan(trainer.step, trainer.minutes())
         if loss is not None:
             lr = trainer.state.scheduler.get_last_lr()[0]
             logs.update(update, loss, trainer.step, trainer.minutes(), lr)

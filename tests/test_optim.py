@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from mtrain.config import TrainConfig
-from mtrain.optim import build_optimizer, loss_fn, lr_factor
+from mtrain.coordinator import Coordinator
+from mtrain.distributed import Group
+from mtrain.optim import LinearSchedule, build_optimizer, loss_fn, lr_factor
 from mtrain.tokenizer import PAD_ID
 
 
@@ -60,3 +62,17 @@ def test_linear_schedule_decays_to_zero_at_the_last_update_and_resumes_its_plan(
     _, resumed = build_optimizer(model, budgeted)
     resumed.load_state_dict(schedule.state_dict())
     assert resumed.lr_lambdas[0].total == 10
+
+
+def test_the_budget_plan_ends_the_linear_decay_when_the_time_runs_out():
+    cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, lr_schedule="linear")
+    schedule = LinearSchedule(cfg.warmup_steps, None)
+    coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
+    coordinator.plan(step=3, minutes=1.5)  # still warming up: nothing planned
+    assert schedule.total is None and coordinator.last_step == 1000
+    coordinator.reserve = 1.0  # a validation takes a minute: keep room for the last one
+    coordinator.plan(step=4, minutes=2.0)  # 2 steps a minute, 7 minutes left
+    assert schedule.total == 4 + 14 == coordinator.last_step
+    coordinator.plan(step=5, minutes=2.1)  # fixed once
+    assert schedule.total == 18
+    assert schedule(17) == pytest.approx(1 / 15) and schedule(18) == 0.0
