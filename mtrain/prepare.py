@@ -318,9 +318,13 @@ def _sample(train: list[Corpus], cfg: Config) -> tuple[list[tuple[str, str]], in
         except BadLine as e:
             first_bad = first_bad or f"{corpus.path}:{number}: {e}"
             continue
-        sample.append((normalize(src, d.src_lang), normalize(tgt, d.tgt_lang)))
+        src, tgt = normalize(src, d.src_lang), normalize(tgt, d.tgt_lang)
+        if src and tgt:
+            sample.append((src, tgt))
+    if not sample and first_bad:
+        raise DataError(f"{first_bad}; data.train has no readable sentence pair")
     if not sample:
-        raise DataError(f"{first_bad or train[0]}; data.train has no readable sentence pair")
+        raise DataError(f"{train[0]}: no sentence pairs with both sides non-empty")
     return sample, seen
 
 
