@@ -98,7 +98,8 @@ class TrainingData:
         return {"data": self.fingerprints, **self.stream.state_dict()}
 
     def check_unchanged(self, state: dict, path: Path) -> None:
-        """Refuse to resume from the checkpoint `path` if a corpus changed since it was written."""
+        """Refuse to resume from the checkpoint `path` if a corpus changed since it was written,
+        or was prepared with another tokenizer than the run's."""
         for key, digest in state.get("data", {}).items():
             if self.fingerprints.get(key) != digest:
                 raise CheckpointError(
@@ -106,6 +107,14 @@ class TrainingData:
                     "would not continue the same run (restore the file, or train into another "
                     "--out)"
                 )
+        if (
+            state.get("tokenizer", self.corpus.manifest["tokenizer"])
+            != self.corpus.manifest["tokenizer"]
+        ):
+            raise CheckpointError(
+                f"{self.corpus.directory} was prepared with another tokenizer than {path}'s; "
+                "resuming would not continue the same run (train into another --out)"
+            )
 
     def load_state_dict(self, state: dict) -> None:
         """Take the batch stream back to where the checkpoint `state` left it."""
@@ -137,12 +146,7 @@ def prepared_corpus(
             "give every machine the same data files"
         )
     if resume and group.is_main:
-        tokenizer = Tokenizer.load(run_dir)
-        if tokenizer.fingerprint() != corpus.manifest["tokenizer"]:
-            raise DataError(
-                f"{directory} was prepared with another tokenizer than {run_dir}'s; "
-                "resuming would not continue the same run (train into another --out)"
-            )
+        tokenizer = Tokenizer.load(run_dir)  # check_unchanged compares it with the corpus's
     else:
         tokenizer = Tokenizer.load(directory)
         if group.is_main:

@@ -72,8 +72,8 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> None:
         """Continue from the checkpoint `state`, read from `path`, as rank `group.rank`."""
-        checkpoint.check_tokenizer(path, state, self.tokenizer)
         self.data.check_unchanged(state, path)
+        checkpoint.check_tokenizer(path, state, self.tokenizer)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
