@@ -339,7 +339,13 @@ def test_stop_before_the_first_checkpoint_does_not_claim_one(corpus, tmp_path):
     """Ctrl-C while the tokenizers train; even one that started ignoring SIGINT counts."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-c", HELD_TOKENIZER, *train_args(run, corpus, max_steps=2)],
+        # A corpus of its own to prepare: the shared one may be prepared (no tokenizer trains).
+        [
+            sys.executable,
+            "-c",
+            HELD_TOKENIZER,
+            *train_args(run, {**corpus, "prepared_dir": tmp_path / "prepared"}, max_steps=2),
+        ],
         cwd=REPO,
         env=ENV,
         stdin=subprocess.PIPE,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mtrain import checkpoint, config, train
+from mtrain import checkpoint, config, jsonl, train
 from mtrain.data import Batch
 from mtrain.tokenizer import PAD_ID
 from mtrain.train import Interrupted, Trainer, Update, Validation
@@ -120,5 +120,5 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
     saved = checkpoint.load(tmp_path / "last.pt")
     assert saved["step"] == 3 and saved["skipped"] == 5
     # The budget ended the run after a validation of this very step: none again.
-    records = checkpoint.read_log(tmp_path / "metrics.jsonl")
+    records = jsonl.read(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == ([3] if stop == "budget" else [])
