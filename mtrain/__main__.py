@@ -16,6 +16,10 @@ def main() -> None:
         # `&`), while training installs a handler of its own: Ctrl-C would stop some phases and
         # be lost in others. It stops all of them.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # torch's C extension imports numpy and drops any error it raises, a Ctrl-C's included:
+        # imported here first, a Ctrl-C during numpy's import stops the command as it should.
+        import numpy  # noqa: F401
+
         from mtrain import cli
     except KeyboardInterrupt:
         sys.stderr.write("mtrain: interrupted\n")

@@ -314,14 +314,15 @@ tokenizer._train_model = held
 main()
 """
 
-# Ctrl-C as `import torch` begins: the first heavy import, seconds long.
+# Ctrl-C as the import of $MODULE begins: torch's import takes seconds.
 INTERRUPTED_IMPORT = """
 import os, signal, sys
 from mtrain.__main__ import main
 
-class Interrupt:
+class Interrupt:  # one Ctrl-C, the first time $MODULE is imported
     def find_spec(self, name, path=None, target=None):
-        if name == "torch":
+        if name == os.environ.get("MODULE"):
+            del os.environ["MODULE"]
             os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before kill returns
         return None
 
@@ -367,11 +368,13 @@ def test_stop_before_the_first_checkpoint_does_not_claim_one(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
-def test_ctrl_c_while_torch_is_imported_is_one_line(inherited):
+# numpy: torch's C extension imports it, and would drop the KeyboardInterrupt.
+@pytest.mark.parametrize("module", ["torch", "numpy.__config__"])
+def test_ctrl_c_during_the_slow_imports_is_one_line(inherited, module):
     result = subprocess.run(
         [sys.executable, "-c", INTERRUPTED_IMPORT, "info", "--config", "configs/tiny.yaml"],
         cwd=REPO,
-        env=ENV,
+        env={**ENV, "MODULE": module},
         capture_output=True,
         text=True,
         preexec_fn=ignoring_sigint if inherited == "ignored" else None,
