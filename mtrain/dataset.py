@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from mtrain.data import Batch, token_batches
+from mtrain.prepare import MANIFEST
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -22,7 +23,7 @@ class TokenCorpus:
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self.manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
+        self.manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
         dtype = np.dtype(self.manifest["dtype"])
         self.src_len = np.load(directory / "src_len.npy")  # (N,) </s> included
         self.tgt_len = np.load(directory / "tgt_len.npy")  # (N,) pieces only

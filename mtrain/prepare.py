@@ -33,7 +33,7 @@ from mtrain.corpus import (
     raw_lines,
     read_pairs,
 )
-from mtrain.files import fcntl, write_atomic
+from mtrain.files import fcntl, sync_directory, write_atomic
 from mtrain.text import normalize
 from mtrain.tokenizer import Tokenizer
 
@@ -96,12 +96,10 @@ def _read_manifest(directory: Path) -> dict | None:
         return None
 
 
-def is_fresh(cfg: Config, directory: Path) -> bool:
-    """Whether `directory` holds the corpora of `cfg`, prepared from the files as they are."""
-    manifest = _read_manifest(directory)
+def _is_fresh(manifest: dict | None, inputs: list[dict]) -> bool:
+    """Whether a prepared corpus's manifest records these inputs, in this format."""
     if manifest is None or manifest.get("format") != FORMAT:
         return False
-    inputs = _inputs(cfg, manifest)
     return [i["sha256"] for i in inputs] == [i["sha256"] for i in manifest["inputs"]]
 
 
@@ -139,7 +137,10 @@ def prepare(cfg: Config, workers: int | None = None) -> Path:
     target = prepared_dir(cfg)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _lock(target.with_name(f".{target.name}.lock")):
-        if is_fresh(cfg, target):
+        # The files as they are; a hash is recomputed only for a file whose stat changed.
+        manifest = _read_manifest(target)
+        inputs = _inputs(cfg, manifest)
+        if _is_fresh(manifest, inputs):
             return target
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -148,7 +149,7 @@ def prepare(cfg: Config, workers: int | None = None) -> Path:
                 shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
         tmp.mkdir()
         try:
-            manifest = _prepare_into(cfg, tmp, workers or len(os.sched_getaffinity(0)))
+            manifest = _prepare_into(cfg, tmp, inputs, workers or len(os.sched_getaffinity(0)))
             _replace_dir(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -182,17 +183,13 @@ def _replace_dir(new: Path, target: Path) -> None:
         os.replace(target, old)
     os.replace(new, target)
     shutil.rmtree(old, ignore_errors=True)
-    with contextlib.suppress(OSError):  # make the renames durable
-        fd = os.open(target.parent, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+    sync_directory(target.parent)  # make the renames durable
 
 
-def _prepare_into(cfg: Config, out: Path, workers: int) -> dict:
+def _prepare_into(cfg: Config, out: Path, inputs: list[dict], workers: int) -> dict:
     d = cfg.data
     began = time.monotonic()
     train = corpora(d.train, d.swap_columns)
-    inputs = _inputs(cfg)
     heldout = {
         src
         for key in ("dev", "test")

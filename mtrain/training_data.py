@@ -133,13 +133,12 @@ def prepared_corpus(
     """
     if group.is_main:
         directory = prepare(cfg)
+        corpus = TokenCorpus(directory)
     # The others wait here while rank 0 prepares: start-up, not bounded by --peer-timeout.
-    expected = group.broadcast(
-        identity(TokenCorpus(directory).manifest) if group.is_main else None, startup=True
-    )
+    expected = group.broadcast(identity(corpus.manifest) if group.is_main else None, startup=True)
     if not group.is_main:
         directory = prepare(cfg)
-    corpus = TokenCorpus(directory)
+        corpus = TokenCorpus(directory)
     if identity(corpus.manifest) != expected:  # the tokenizer's fingerprint included
         raise DataError(
             f"rank {group.rank}: {directory} differs from rank 0's prepared corpus: "
