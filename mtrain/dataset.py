@@ -1,12 +1,13 @@
 """A prepared training corpus, memory-mapped, and the seeded stream of token batches over it.
 
-Batching needs only the lengths arrays (4 bytes a pair); the token ids stay on disk, read a
-batch at a time, so memory does not grow with the corpus.
+Batching needs only the lengths arrays (4 bytes a pair); the token ids and their offsets stay
+on disk, read a batch at a time, so memory does not grow with the corpus.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,22 +28,51 @@ class TokenCorpus:
         dtype = np.dtype(self.manifest["dtype"])
         self.src_len = np.load(directory / "src_len.npy")  # (N,) </s> included
         self.tgt_len = np.load(directory / "tgt_len.npy")  # (N,) pieces only
-        self.src_tokens = np.memmap(directory / "src.bin", dtype=dtype, mode="r")
-        self.tgt_tokens = np.memmap(directory / "tgt.bin", dtype=dtype, mode="r")
-        self.src_offsets = np.load(directory / "src_offsets.npy", mmap_mode="r")
-        self.tgt_offsets = np.load(directory / "tgt_offsets.npy", mmap_mode="r")
+        self.src = TokenFile(directory, "src", dtype)
+        self.tgt = TokenFile(directory, "tgt", dtype)
 
     def __len__(self) -> int:
         return len(self.src_len)
 
     def collate(self, indices: np.ndarray) -> Batch:
         """The padded batch of pairs `indices`: src, <s> + tgt, tgt + </s>."""
-        src = _gather(self.src_tokens, self.src_offsets, self.src_len, indices)
-        tgt = _gather(self.tgt_tokens, self.tgt_offsets, self.tgt_len, indices, extra=1)
-        tgt_len = torch.from_numpy(self.tgt_len[indices].astype(np.int64))
+        src = self.src.padded(indices, self.src_len[indices])
+        tgt_len = self.tgt_len[indices]
+        tgt = self.tgt.padded(indices, tgt_len, extra=1)
         tgt_in = torch.cat([torch.full((len(indices), 1), BOS_ID), tgt[:, :-1]], 1)
-        tgt_out = tgt.scatter(1, tgt_len[:, None], EOS_ID)  # </s> after the last piece
-        return Batch(src=src, tgt_in=tgt_in, tgt_out=tgt_out)
+        tgt_out = tgt.scatter(1, torch.from_numpy(tgt_len.astype(np.int64))[:, None], EOS_ID)
+        return Batch(src=src, tgt_in=tgt_in, tgt_out=tgt_out)  # tgt_out: </s> after the last piece
+
+
+class TokenFile:
+    """One side's token ids, read a pair at a time with `pread`.
+
+    Not memory-mapped: each random read of a map leaves its page and up to 64 KB of neighbours
+    resident in the process, so a long run over a big corpus would come to hold it all.
+    """
+
+    def __init__(self, directory: Path, side: str, dtype: np.dtype):
+        self.dtype = dtype
+        offsets = np.load(directory / f"{side}_offsets.npy", mmap_mode="r")
+        if offsets.dtype != np.int64:
+            raise ValueError(f"{directory}/{side}_offsets.npy: expected int64 offsets")
+        self.header = offsets.offset  # bytes before the first offset
+        del offsets
+        self.offsets = (directory / f"{side}_offsets.npy").open("rb", buffering=0)
+        self.tokens = (directory / f"{side}.bin").open("rb", buffering=0)
+
+    def padded(self, indices: np.ndarray, lengths: np.ndarray, extra: int = 0) -> torch.Tensor:
+        """(B, max length + extra) long tensor of the sequences `indices`, padded with PAD_ID."""
+        size = self.dtype.itemsize
+        out = np.full((len(indices), int(lengths.max()) + extra), PAD_ID, np.int64)
+        for row, (i, n) in enumerate(zip(indices.tolist(), lengths.tolist())):
+            start = int.from_bytes(
+                os.pread(self.offsets.fileno(), 8, self.header + 8 * i), "little"
+            )
+            out[row, :n] = np.frombuffer(
+                os.pread(self.tokens.fileno(), n * size, start * size), self.dtype
+            )
+        return torch.from_numpy(out)
 
 
 def drop_final_punctuation(src: torch.Tensor, punctuation: torch.Tensor, p: float) -> torch.Tensor:
@@ -59,19 +89,6 @@ def drop_final_punctuation(src: torch.Tensor, punctuation: torch.Tensor, p: floa
     src[rows[drop], lengths[drop] - 2] = EOS_ID
     src[rows[drop], lengths[drop] - 1] = PAD_ID
     return src
-
-
-def _gather(
-    tokens: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, indices: np.ndarray, extra=0
-) -> torch.Tensor:
-    """(B, max length + extra) long tensor of the sequences `indices`, padded with PAD_ID."""
-    lens = lengths[indices].astype(np.int64)
-    width = int(lens.max()) + extra
-    positions = np.arange(width)
-    inside = positions < lens[:, None]  # (B, width)
-    out = np.full((len(indices), width), PAD_ID, np.int64)
-    out[inside] = tokens[(offsets[indices][:, None] + positions)[inside]]
-    return torch.from_numpy(out)
 
 
 class BatchStream:
