@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from mtrain import config, runtime
-from mtrain.checkpoint import CONFIG_FILE, CheckpointError
 from mtrain.config import Config, DecodeConfig
 from mtrain.decode import Hypothesis, Observer, length_limits, length_penalty
 from mtrain.export import MTRAIN_CONFIG, is_export, require_ctranslate2
+from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from mtrain.translate import Translator
 

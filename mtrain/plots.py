@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
-from mtrain import checkpoint, jsonl
+from mtrain import jsonl
 from mtrain.data import Batch, Example, source_ids
 from mtrain.figures import FigureError, use_cjk_font
 from mtrain.model import PositionalEncoding, causal_mask, padding_mask
+from mtrain.run_dir import METRICS, TRAIN_LOG
 from mtrain.tokenizer import PAD_ID
 
 # Curves: (record key, y-axis label, which log holds it).
@@ -24,7 +25,7 @@ CURVES = (
     ("dev_bleu", "dev BLEU (greedy)", "validation"),
     ("lr", "learning rate", "train"),
 )
-LOGS = {"train": checkpoint.TRAIN_LOG, "validation": checkpoint.METRICS}
+LOGS = {"train": TRAIN_LOG, "validation": METRICS}
 
 
 @dataclass
@@ -44,12 +45,11 @@ def _by_step(records: list[dict]) -> list[dict]:
 
 def read_run(run_dir: Path, name: str) -> RunLog:
     """A run's metrics.jsonl (validations) and train.jsonl (training loss and learning rate)."""
-    metrics = jsonl.read(run_dir / checkpoint.METRICS)
-    train = jsonl.read(run_dir / checkpoint.TRAIN_LOG)
+    metrics = jsonl.read(run_dir / METRICS)
+    train = jsonl.read(run_dir / TRAIN_LOG)
     if not metrics and not train:
         raise FigureError(
-            f"{run_dir}: no {checkpoint.METRICS} or {checkpoint.TRAIN_LOG} (not a run directory, "
-            "or nothing logged yet)"
+            f"{run_dir}: no {METRICS} or {TRAIN_LOG} (not a run directory, or nothing logged yet)"
         )
     # Validations written before the event key existed have none.
     validation = [r for r in metrics if r.get("event", "validation") == "validation"]

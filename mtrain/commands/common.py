@@ -10,8 +10,9 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config, corpus, ct2_engine, runtime
+from mtrain import config, corpus, ct2_engine, runtime
 from mtrain.config import Config, DecodeConfig
+from mtrain.run_dir import latest_run, load_run
 from mtrain.translate import Translator
 
 RUNS_ROOT = Path("runs")
@@ -84,7 +85,7 @@ def setup_logging(quiet: bool = False) -> None:
 def resolve_run(run: Path | None) -> Path:
     if run is not None:
         return run
-    run = checkpoint.latest_run(RUNS_ROOT)
+    run = latest_run(RUNS_ROOT)
     log.info("using run %s", run)
     return run
 
@@ -102,7 +103,7 @@ def load_translator(
     torch_device = runtime.pick_device(device)
     runtime.configure(torch_device)
     run_dir = resolve_run(run)
-    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device, which)
+    cfg, tokenizer, model = load_run(run_dir, torch_device, which)
     if quantize is Quantize.int8:
         if torch_device.type != "cpu":
             fail("--quantize int8 runs on the CPU only; add --device cpu")

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint
 from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
@@ -26,6 +25,14 @@ from mtrain.commands.common import (
 from mtrain.data import group_references, read_lines, read_parallel
 from mtrain.evaluate import score
 from mtrain.files import DirectoryLock, write_atomic
+from mtrain.run_dir import (
+    AVERAGED,
+    BEST,
+    CONFIG_FILE,
+    average_checkpoints,
+    save_checkpoint,
+    step_checkpoints,
+)
 
 
 def evaluate(
@@ -50,7 +57,7 @@ def evaluate(
     beam: BeamOption = None,
     alpha: AlphaOption = None,
     quantize: QuantizeOption = Quantize.none,
-    which: CheckpointOption = checkpoint.BEST,
+    which: CheckpointOption = BEST,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     device: DeviceOption = "auto",
 ) -> None:
@@ -111,16 +118,16 @@ def average(
     """
     setup_logging()
     run_dir = resolve_run(run)
-    if not (run_dir / checkpoint.CONFIG_FILE).is_file():
-        fail(f"{run_dir}: not a run directory (no {checkpoint.CONFIG_FILE})")
+    if not (run_dir / CONFIG_FILE).is_file():
+        fail(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
     with DirectoryLock(run_dir):  # training writes averaged.pt too
-        paths = checkpoint.step_checkpoints(run_dir)
+        paths = step_checkpoints(run_dir)
         if len(paths) < last:
             fail(
                 f"{run_dir}: {len(paths)} step checkpoints, fewer than --last {last} "
                 "(train.keep_last says how many training keeps)"
             )
-        state = checkpoint.average(paths[-last:])
-        checkpoint.save(run_dir / checkpoint.AVERAGED, state)
+        state = average_checkpoints(paths[-last:])
+        save_checkpoint(run_dir / AVERAGED, state)
     log.info("averaged the checkpoints of steps %s", ", ".join(map(str, state["steps"])))
-    typer.echo(str(run_dir / checkpoint.AVERAGED))
+    typer.echo(str(run_dir / AVERAGED))

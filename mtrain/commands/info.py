@@ -11,8 +11,9 @@ from typing import Annotated
 import typer
 import yaml
 
-from mtrain import checkpoint, config
+from mtrain import config
 from mtrain.commands.common import fail, resolve_run, setup_logging
+from mtrain.run_dir import CONFIG_FILE, training_summary
 
 
 def info(
@@ -45,12 +46,12 @@ def info(
         vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
     else:
         run = resolve_run(run)
-        if not (run / checkpoint.CONFIG_FILE).is_file():
-            fail(f"{run}: not a run directory (no {checkpoint.CONFIG_FILE})")
-        cfg = config.load(run / checkpoint.CONFIG_FILE)
+        if not (run / CONFIG_FILE).is_file():
+            fail(f"{run}: not a run directory (no {CONFIG_FILE})")
+        cfg = config.load(run / CONFIG_FILE)
         tokenizer = Tokenizer.load(run)
         vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-        summary = checkpoint.training_summary(run)
+        summary = training_summary(run)
     positions = cfg.data.max_positions()
     model = Transformer(cfg.model, *vocab, positions, 0, joint_vocab=cfg.tokenizer.joint)
     parts = model_map.parts(model)

@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config
-from mtrain.checkpoint import CheckpointError
+from mtrain import config
 from mtrain.commands.common import (
     Quantize,
     RunOption,
@@ -19,6 +18,7 @@ from mtrain.commands.common import (
     setup_logging,
 )
 from mtrain.config import Config
+from mtrain.run_dir import CONFIG_FILE, CheckpointError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -84,7 +84,7 @@ def positional(
 
     setup_logging()
     run = optional_run(run)
-    cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
+    cfg = config.load(run / CONFIG_FILE) if run else Config()
     positions = plots.positional(cfg.model.d_model, cfg.data.max_positions())
     typer.echo(str(save(positions, output)))
 

@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 from tqdm import tqdm
 
-from mtrain import checkpoint
 from mtrain.attention import AttentionRecorder, save_figures
 from mtrain.commands.common import (
     AlphaOption,
@@ -32,6 +31,7 @@ from mtrain.commands.common import (
 )
 from mtrain.data import decode_lines
 from mtrain.files import atomic_open
+from mtrain.run_dir import BEST
 from mtrain.tokenizer import BOS_ID, EOS_ID
 from mtrain.trace import Tracer, format_trace
 from mtrain.translate import Translation, Translator
@@ -162,7 +162,7 @@ def translate(
         ),
     ] = None,
     quantize: QuantizeOption = Quantize.none,
-    which: CheckpointOption = checkpoint.BEST,
+    which: CheckpointOption = BEST,
     device: DeviceOption = "auto",
     engine: Annotated[
         Engine,
@@ -183,7 +183,7 @@ def translate(
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
     if engine is Engine.ctranslate2:
-        if trace or attention or which != checkpoint.BEST:
+        if trace or attention or which != BEST:
             fail("--trace, --attention and --checkpoint need --engine mtrain")
         run_dir, cfg, translator = load_ct2_translator(run, device, beam, alpha, quantize, nbest)
     else:
