@@ -27,7 +27,7 @@ from mtrain.decode import Hypothesis, Observer, length_limits, length_penalty
 from mtrain.export import MTRAIN_CONFIG, is_export, require_ctranslate2
 from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 # CTranslate2 stops a beam early when its length penalty is exactly 0; a negligible one keeps
 # its search ours (length ** 1e-9 is 1 in float32).

@@ -37,7 +37,7 @@ from mtrain.export import export_run
 from mtrain.model import Transformer
 from mtrain.run_dir import load_run
 from mtrain.tokenizer import EOS_ID, PAD_ID
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 CPU = torch.device("cpu")
 LONG = (40, 64)  # output pieces with --long-outputs

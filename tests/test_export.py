@@ -24,7 +24,7 @@ from mtrain.decode import NEVER_OUTPUT
 from mtrain.export import ExportError, check_expressible, export_run
 from mtrain.run_dir import BEST, build_model, load_run, save_checkpoint, write_config
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 from .synthetic import REPO, number_pairs, overrides
 

@@ -13,7 +13,7 @@ import typer
 from mtrain import config, corpus, ct2_engine, runtime
 from mtrain.config import Config, DecodeConfig
 from mtrain.run_dir import latest_run, load_run
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 RUNS_ROOT = Path("runs")
 

@@ -34,7 +34,7 @@ from mtrain.files import atomic_open
 from mtrain.run_dir import BEST
 from mtrain.tokenizer import BOS_ID, EOS_ID
 from mtrain.trace import Tracer, format_trace
-from mtrain.translate import Translation, Translator
+from mtrain.translator import Translation, Translator
 
 
 class Engine(str, enum.Enum):

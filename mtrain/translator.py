@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from mtrain.config import Config, DecodeConfig
-from mtrain.data import pad, source_ids
+from mtrain.data import length_batches, pad, source_ids
 from mtrain.decode import Hypothesis, Observer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize
@@ -32,20 +32,6 @@ class Inspection:
     src: list[int]  # source ids, </s> last; [] for an empty line
     hypotheses: list[Hypothesis]  # tokens without </s>; best first
     translations: list[Translation]
-
-
-def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Indices sorted by length, cut into batches of at most `batch_tokens` padded tokens."""
-    batches, current, longest = [], [], 0
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        longest = max(longest, lengths[i])
-        if current and (len(current) + 1) * longest > batch_tokens:
-            batches.append(current)
-            current, longest = [], lengths[i]
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
 
 
 class Translator:
