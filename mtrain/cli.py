@@ -12,7 +12,7 @@ from mtrain.config import ConfigError
 from mtrain.corpus import DataError
 from mtrain.distributed import DistributedError
 from mtrain.export import ExportError
-from mtrain.figures import FigureError
+from mtrain.figures.common import FigureError
 from mtrain.files import DirectoryLocked
 from mtrain.jsonl import LogError
 from mtrain.run_dir import CheckpointError

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from tqdm import tqdm
 
-from mtrain.attention import AttentionRecorder, save_figures
+from mtrain.attention_recorder import AttentionRecorder
 from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
@@ -30,6 +30,7 @@ from mtrain.commands.common import (
     setup_logging,
 )
 from mtrain.data import decode_lines
+from mtrain.figures.attention import save_figures
 from mtrain.files import atomic_open
 from mtrain.run_dir import BEST
 from mtrain.tokenizer import BOS_ID, EOS_ID

@@ -1,0 +1,6 @@
+"""Figures, one module for each: `curves`, `positional` and `masks` (`mtrain plot`), and
+`attention` (`mtrain translate --attention`); `common` holds what they share: the CJK font,
+the output formats and saving.
+
+matplotlib is imported only when a figure is drawn: importing these modules does not load it.
+"""
