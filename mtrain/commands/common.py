@@ -12,7 +12,7 @@ import typer
 
 from mtrain import config, corpus, ct2_engine, runtime
 from mtrain.config import Config, DecodeConfig
-from mtrain.run_dir import latest_run, load_run
+from mtrain.run_dir import CONFIG_FILE, latest_run, load_run
 from mtrain.translator import Translator
 
 RUNS_ROOT = Path("runs")
@@ -53,6 +53,9 @@ QuantizeOption = Annotated[
 ]
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
 DeviceOption = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
 
 
@@ -88,6 +91,14 @@ def resolve_run(run: Path | None) -> Path:
     run = latest_run(RUNS_ROOT)
     log.info("using run %s", run)
     return run
+
+
+def run_directory(run: Path | None) -> Path:
+    """The run asked for, or the latest; refused unless it holds a config."""
+    run_dir = resolve_run(run)
+    if not (run_dir / CONFIG_FILE).is_file():
+        fail(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    return run_dir
 
 
 def load_translator(
