@@ -51,10 +51,15 @@ class Translator:
         self.decode = decode or cfg.decode
         self.nbest, self.use_cache = nbest, use_cache
 
+    def _limits(self, src: torch.Tensor) -> torch.Tensor:
+        """(B,) the most tokens each sentence of a (B, S) batch may translate to."""
+        d = self.decode
+        return length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+
     def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
         self.model.eval()
         d = self.decode
-        limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+        limits = self._limits(src)
         if d.beam_size == 1 and self.nbest == 1:
             out = greedy(self.model, src, limits, self.use_cache, observe)
             return [[Hypothesis(tokens, None)] for tokens in out]
