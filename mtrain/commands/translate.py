@@ -250,15 +250,16 @@ def inspected(
 
 
 def input_lines(
-    stack: contextlib.ExitStack, texts: list[str] | None, path: Path | None, prompt: str | None
+    stack: contextlib.ExitStack, texts: list[str] | None, path: Path | None, typed: str | None
 ) -> Iterable[str]:
-    """The lines to translate: the arguments, the file, typed lines (with a prompt), or stdin."""
+    """The lines to translate: the arguments, the file, lines typed at a prompt that names the
+    source language `typed`, or stdin."""
     if texts:
         return texts
     if path:
         return decode_lines(stack.enter_context(path.open("rb")), str(path))
-    if prompt is not None:
-        return typed_lines(f"{prompt}> ")
+    if typed is not None:
+        return typed_lines(f"{typed}> ")
     return decode_lines(sys.stdin.buffer, "<stdin>")
 
 
