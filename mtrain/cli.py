@@ -6,16 +6,16 @@ import sys
 
 import typer
 
-from mtrain.checkpoint import CheckpointError
 from mtrain.commands import evaluate, export, info, plot, prepare, train, translate
 from mtrain.commands.common import error
 from mtrain.config import ConfigError
 from mtrain.corpus import DataError
 from mtrain.distributed import DistributedError
 from mtrain.export import ExportError
-from mtrain.figures import FigureError
+from mtrain.figures.common import FigureError
 from mtrain.files import DirectoryLocked
 from mtrain.jsonl import LogError
+from mtrain.run_dir import CheckpointError
 from mtrain.runtime import DeviceError
 from mtrain.tokenizer import TokenizerError
 

@@ -183,6 +183,15 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
 
 def _validate(cfg: Config) -> None:
     """Check the rules that relate values to each other or bound them."""
+    _check_positive(cfg)
+    _check_model(cfg)
+    _check_ranges(cfg)
+    _check_train(cfg)
+    _check_tokenizer_and_lengths(cfg)
+
+
+def _check_positive(cfg: Config) -> None:
+    """Sizes, lengths, counts and rates that must be above zero."""
     positive = {
         "data.max_src_len": cfg.data.max_src_len,
         "data.max_tgt_len": cfg.data.max_tgt_len,
@@ -206,6 +215,10 @@ def _validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key}: must be positive, got {value}")
+
+
+def _check_model(cfg: Config) -> None:
+    """d_model splits into heads, and into sine and cosine pairs."""
     if cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(
             f"model.d_model: {cfg.model.d_model} is not divisible by "
@@ -213,6 +226,10 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.model.d_model % 2:
         raise ConfigError("model.d_model: must be even for sinusoidal positions")
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Probabilities, ratios and decoding options within their bounds."""
     if not 0 <= cfg.data.drop_final_punct <= 1:
         raise ConfigError(
             f"data.drop_final_punct: must be in [0, 1], got {cfg.data.drop_final_punct}"
@@ -229,6 +246,10 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.decode.alpha < 0 or cfg.decode.max_len_offset < 0:
         raise ConfigError("decode.alpha and decode.max_len_offset must not be negative")
+
+
+def _check_train(cfg: Config) -> None:
+    """Counts that may be 0 but not negative; checkpoint averaging within the kept checkpoints."""
     for key in ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must not be negative")
@@ -239,6 +260,10 @@ def _validate(cfg: Config) -> None:
             f"train.average_last: {cfg.train.average_last} needs train.keep_last to be at "
             f"least as large, got {cfg.train.keep_last}"
         )
+
+
+def _check_tokenizer_and_lengths(cfg: Config) -> None:
+    """SentencePiece's bounds, two languages, and a batch that holds the longest pair."""
     if not 0.9 <= cfg.tokenizer.character_coverage <= 1:
         raise ConfigError("tokenizer.character_coverage: must be in [0.9, 1]")
     if cfg.tokenizer.vocab_size < 300:

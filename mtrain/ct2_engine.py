@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from mtrain import config, runtime
-from mtrain.checkpoint import CONFIG_FILE, CheckpointError
 from mtrain.config import Config, DecodeConfig
-from mtrain.decode import Hypothesis, Observer, length_limits, length_penalty
+from mtrain.decode import Hypothesis, Observer, length_penalty
 from mtrain.export import MTRAIN_CONFIG, is_export, require_ctranslate2
+from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 # CTranslate2 stops a beam early when its length penalty is exactly 0; a negligible one keeps
 # its search ours (length ** 1e-9 is 1 in float32).
@@ -64,8 +64,7 @@ class CT2Translator(Translator):
     def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
         """Search a padded (B, S) batch; `observe` sees nothing: CTranslate2 shows no steps."""
         d = self.decode
-        limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
-        limits = limits.tolist()
+        limits = self._limits(src).tolist()
         # Without the final </s>: the exported config has CTranslate2 add it.
         sources = [[t for t in row if t != PAD_ID][:-1] for row in src.tolist()]
         # Beam search depends on the limit: one call per limit. Greedy does not (its first n

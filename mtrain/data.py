@@ -1,4 +1,4 @@
-"""Reading corpora, normalising, truncating, batching by tokens and padding batches."""
+"""Reading corpora, normalising, truncating, padding, and batching by tokens: pairs or sources."""
 
 from __future__ import annotations
 
@@ -150,18 +150,27 @@ def token_batches(
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of sources sorted by length (ties in input order), cut into batches of at most
+    `batch_tokens` padded tokens: the batches of translation, which has no target."""
+    src_len = np.array(lengths, dtype=np.int64)
+    order = np.argsort(src_len, kind="stable")
+    return [batch.tolist() for batch in split_batches(order, src_len, None, batch_tokens)]
+
+
 def split_batches(
-    order: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, batch_tokens: int
+    order: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray | None, batch_tokens: int
 ) -> list[np.ndarray]:
     """Cut `order` into consecutive batches, each the most pairs that fit in `batch_tokens`.
 
     A batch of k pairs costs k × (longest source + longest target), which only grows with k,
     so each cut is a binary search; the longest pair is no shorter than the first, so k is at
     most batch_tokens // (first pair's cost): that bounds how far it looks. The result is the
-    greedy one-pair-at-a-time partition, computed a batch at a time.
+    greedy one-pair-at-a-time partition, computed a batch at a time. With no `tgt_len`, the
+    batches hold sources alone, and k sources cost k × the longest.
     """
     src = src_len[order].astype(np.int32)
-    tgt = tgt_len[order].astype(np.int32) + 1
+    tgt = np.zeros_like(src) if tgt_len is None else tgt_len[order].astype(np.int32) + 1
     batches, start, n = [], 0, len(order)
     while start < n:
         window = min(n - start, batch_tokens // int(src[start] + tgt[start]) + 1)

@@ -18,10 +18,10 @@ import torch
 import yaml
 from torch import nn
 
-from mtrain import checkpoint
 from mtrain.config import Config
 from mtrain.files import tmp_path
 from mtrain.model import PositionalEncoding, Transformer
+from mtrain.run_dir import BEST, load_run
 from mtrain.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
 
 MTRAIN_CONFIG = "mtrain.yaml"  # the run's config, beside CTranslate2's own config.json
@@ -260,7 +260,7 @@ def check_destination(out: Path, run_dir: Path, force: bool) -> None:
 def export_run(
     run_dir: Path,
     out: Path,
-    which: str = checkpoint.BEST,
+    which: str = BEST,
     quantize: str | None = None,
     force: bool = False,
 ) -> Path:
@@ -273,7 +273,7 @@ def export_run(
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ExportError(f"--quantize {quantize}: expected one of {', '.join(QUANTIZATIONS)}")
     check_destination(out, run_dir, force)
-    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch.device("cpu"), which)
+    cfg, tokenizer, model = load_run(run_dir, torch.device("cpu"), which)
     spec = build_spec(cfg, tokenizer, model)
     spec.validate()
     spec.optimize(quantization=quantize)

@@ -1,7 +1,7 @@
 """The Transformer of "Attention Is All You Need", as plain nn.Modules: no I/O, no device choice.
 
 Masks are boolean and broadcast over heads: True means "may attend". They are built here, in
-`padding_mask` and `causal_mask`, and nowhere else.
+`padding_mask`, `causal_mask` and `teacher_forcing_mask` (the two together), and nowhere else.
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ def causal_mask(length: int, device: torch.device, past: int = 0) -> torch.Tenso
     """(1, 1, L, past + L) mask that lets new position i attend to positions <= past + i only."""
     ones = torch.ones(length, past + length, dtype=torch.bool, device=device)
     return ones.tril(diagonal=past)[None, None]
+
+
+def teacher_forcing_mask(tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, T) decoder input ids -> (B, 1, T, T) mask of training: no padding, no look-ahead."""
+    return padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.size(1), tgt_in.device)
 
 
 class Dropout(nn.Module):
@@ -368,7 +373,7 @@ class Transformer(nn.Module):
         length = tgt_in.size(1)
         if cache is None:
             past = 0
-            tgt_mask = padding_mask(tgt_in, self.pad_id) & causal_mask(length, tgt_in.device)
+            tgt_mask = teacher_forcing_mask(tgt_in, self.pad_id)
         else:
             past = cache[0].length
             # One new position may attend to everything before it: no mask needed.

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import checkpoint, jsonl, runtime, train_loop, update_step
+from mtrain import jsonl, runtime, train_loop, update_step
 from mtrain.config import Config
 from mtrain.distributed import Group
 from mtrain.optim import loss_fn
+from mtrain.run_dir import METRICS, TRAIN_LOG
 from mtrain.train_loop import Interrupted, RunWriteError
 from mtrain.training_data import TrainingData, Update
 from mtrain.training_state import Checkpoints, TrainingState
@@ -61,7 +62,7 @@ class Trainer:
         elif group.rank:  # the same initial weights everywhere, other dropout masks
             torch.manual_seed(cfg.train.seed + group.rank)
         if group.is_main:
-            for name in (checkpoint.METRICS, checkpoint.TRAIN_LOG):
+            for name in (METRICS, TRAIN_LOG):
                 jsonl.trim(run_dir / name, self.step)
         group.end_startup()
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtrain.checkpoint import CheckpointError
 from mtrain.config import Config
 from mtrain.corpus import DataError, corpora, read_pairs
 from mtrain.data import Batch, encode_pairs, group_references
@@ -23,6 +22,7 @@ from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import Group
 from mtrain.files import write_atomic
 from mtrain.prepare import data_digests, identity, prepare
+from mtrain.run_dir import CheckpointError
 from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from mtrain import checkpoint
+from mtrain.run_dir import METRICS, TRAIN_LOG
 from mtrain.training_data import Update
 from mtrain.validation import Validation
 
@@ -60,7 +60,7 @@ def run_log(run_dir: Path, main: bool, step: int, total: int | None) -> Iterator
             path = run_dir / name
             return files.enter_context(path.open("a", encoding="utf-8")) if main else None
 
-        metrics, train_log = open_log(checkpoint.METRICS), TrainLog(open_log(checkpoint.TRAIN_LOG))
+        metrics, train_log = open_log(METRICS), TrainLog(open_log(TRAIN_LOG))
         files.enter_context(logging_redirect_tqdm())
         yield RunLog(bar, metrics, train_log)
 

@@ -14,11 +14,24 @@ from typing import Any
 
 import torch
 
-from mtrain import checkpoint, runtime
-from mtrain.checkpoint import CheckpointError
+from mtrain import runtime
 from mtrain.config import Config, TrainConfig
 from mtrain.distributed import Group
 from mtrain.optim import build_optimizer
+from mtrain.run_dir import (
+    AVERAGED,
+    BEST,
+    LAST,
+    CheckpointError,
+    average_checkpoints,
+    build_model,
+    check_tokenizer,
+    load_checkpoint,
+    save_checkpoint,
+    save_copy,
+    step_checkpoints,
+    step_name,
+)
 from mtrain.training_data import TrainingData
 
 log = logging.getLogger(__name__)
@@ -45,7 +58,7 @@ class TrainingState:
         cls, cfg: Config, data: TrainingData, device: torch.device, amp_dtype: torch.dtype | None
     ) -> TrainingState:
         """A run at step 0: a fresh model for the data's tokenizer, and its optimiser."""
-        model = checkpoint.build_model(cfg, data.tokenizer).to(device)
+        model = build_model(cfg, data.tokenizer).to(device)
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model has %.1fM parameters, training on %s", n_params / 1e6, device)
         optimizer, scheduler = build_optimizer(model, cfg.train)
@@ -73,7 +86,7 @@ class TrainingState:
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> None:
         """Continue from the checkpoint `state`, read from `path`, as rank `group.rank`."""
         self.data.check_unchanged(state, path)
-        checkpoint.check_tokenizer(path, state, self.tokenizer)
+        check_tokenizer(path, state, self.tokenizer)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -107,14 +120,14 @@ class Checkpoints:
 
     def __init__(self, run_dir: Path, cfg: TrainConfig):
         self.run_dir, self.keep_last, self.average_last = run_dir, cfg.keep_last, cfg.average_last
-        self.last = run_dir / checkpoint.LAST
+        self.last = run_dir / LAST
         self.saved_step: int | None = None  # the step last.pt holds
 
     def load_last(self) -> dict[str, Any]:
-        return checkpoint.load(self.last)
+        return load_checkpoint(self.last)
 
     def save_last(self, state: dict[str, Any]) -> None:
-        checkpoint.save(self.last, state)
+        save_checkpoint(self.last, state)
         self.saved_step = state["step"]
 
     def save_validated(self, state: dict[str, Any], improved: bool) -> None:
@@ -122,27 +135,27 @@ class Checkpoints:
         (but the last `keep_last`)."""
         self.save_last(state)
         if improved:
-            checkpoint.save_copy(self.last, self.run_dir / checkpoint.BEST)
+            save_copy(self.last, self.run_dir / BEST)
         if self.keep_last:
-            checkpoint.save_copy(self.last, self.run_dir / checkpoint.step_name(state["step"]))
-            for old in checkpoint.step_checkpoints(self.run_dir)[: -self.keep_last]:
+            save_copy(self.last, self.run_dir / step_name(state["step"]))
+            for old in step_checkpoints(self.run_dir)[: -self.keep_last]:
                 old.unlink()
 
     def average(self) -> dict[str, Any] | None:
         """Average the last `average_last` step checkpoints into averaged.pt and return it;
         None when there are fewer than two."""
-        paths = checkpoint.step_checkpoints(self.run_dir)[-self.average_last :]
+        paths = step_checkpoints(self.run_dir)[-self.average_last :]
         if len(paths) < 2:
             return None
-        state = checkpoint.average(paths)
-        checkpoint.save(self.run_dir / checkpoint.AVERAGED, state)
+        state = average_checkpoints(paths)
+        save_checkpoint(self.run_dir / AVERAGED, state)
         return state
 
     def make_average_best(self, dev_bleu: float) -> None:
         """Make averaged.pt the best checkpoint, with dev BLEU `dev_bleu`."""
-        checkpoint.save_copy(self.run_dir / checkpoint.AVERAGED, self.run_dir / checkpoint.BEST)
+        save_copy(self.run_dir / AVERAGED, self.run_dir / BEST)
         # A resumed run compares with this score, or it could replace best.pt by a worse one.
-        checkpoint.save(self.last, {**checkpoint.load(self.last), "best_bleu": dev_bleu})
+        save_checkpoint(self.last, {**load_checkpoint(self.last), "best_bleu": dev_bleu})
 
     def kept(self) -> str:
         """What a failure leaves behind, for its message."""

@@ -14,7 +14,7 @@ from mtrain.evaluate import Scores, score
 from mtrain.model import Transformer
 from mtrain.optim import loss_fn
 from mtrain.training_data import TrainingData
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 
 @dataclass

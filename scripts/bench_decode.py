@@ -29,14 +29,15 @@ from pathlib import Path
 
 import torch
 
-from mtrain import checkpoint, config, ct2_engine, runtime
+from mtrain import config, ct2_engine, runtime
 from mtrain.data import group_references, read_parallel
 from mtrain.decode import greedy
 from mtrain.evaluate import score
 from mtrain.export import export_run
 from mtrain.model import Transformer
+from mtrain.run_dir import load_run
 from mtrain.tokenizer import EOS_ID, PAD_ID
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 CPU = torch.device("cpu")
 LONG = (40, 64)  # output pieces with --long-outputs
@@ -46,7 +47,7 @@ LENGTH_RATIO = 1.5  # source pieces = output pieces / this, as configs/default.y
 def long_output_model(args, device: torch.device) -> Transformer:
     """A run's model, or a randomly initialised one of a config, that never outputs </s>."""
     if args.run is not None:
-        model = checkpoint.load_run(args.run, device)[2]
+        model = load_run(args.run, device)[2]
     else:
         cfg = config.load(args.random_model)
         torch.manual_seed(0)
@@ -162,7 +163,7 @@ def main() -> None:
     device = runtime.pick_device()
     if args.long_outputs:
         return long_outputs(args, device)
-    cfg, tokenizer, model = checkpoint.load_run(args.run, device)
+    cfg, tokenizer, model = load_run(args.run, device)
     pairs = read_parallel(
         Path(cfg.data.test), cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns
     )

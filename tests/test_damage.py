@@ -311,13 +311,14 @@ def test_info_without_tokenizer_models_is_one_line(run):
 def test_plot_refuses_an_output_format_it_cannot_write_before_drawing(
     run, tmp_path, command, suffix, monkeypatch
 ):
-    from mtrain import plots
+    from mtrain.figures import curves, masks, positional
 
     def no_drawing(*args, **kwargs):
         raise AssertionError("drew a figure it cannot write")
 
-    for name in ("curves", "positional", "masks"):
-        monkeypatch.setattr(plots, name, no_drawing)
+    drawings = {curves: "draw_curves", positional: "draw_positional", masks: "draw_masks"}
+    for module, name in drawings.items():
+        monkeypatch.setattr(module, name, no_drawing)
     output = tmp_path / f"figure{suffix}"
     args = [a.format(run=run) for a in command]
     status, _, err = run_cli("plot", *args, "-o", str(output))

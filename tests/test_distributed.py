@@ -16,9 +16,10 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from mtrain import checkpoint, config, distributed
+from mtrain import config, distributed
 from mtrain.dataset import BatchStream
 from mtrain.distributed import Group
+from mtrain.run_dir import load_checkpoint
 from mtrain.train import Trainer
 
 from .synthetic import REPO, overrides
@@ -93,7 +94,7 @@ def train_processes(tmp_path, corpus, name, world_size, accumulate) -> tuple[dic
     reports = [json.loads(Path(f"{report}.{r}").read_text()) for r in range(world_size)]
     for r, rank_report in enumerate(reports):
         rank_report["grads"] = torch.load(f"{report}.{r}.grads", weights_only=True)
-    return checkpoint.load(run / "last.pt"), reports
+    return load_checkpoint(run / "last.pt"), reports
 
 
 def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(corpus, tmp_path):
@@ -173,7 +174,7 @@ def test_sigterm_to_torchrun_then_resume_equals_an_uninterrupted_run(corpus, tmp
     wait_for(parts / "last.pt", proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) != 0
-    stopped = checkpoint.load(parts / "last.pt")["step"]
+    stopped = load_checkpoint(parts / "last.pt")["step"]
     assert stopped < 30
 
     alone = subprocess.run(
@@ -190,7 +191,7 @@ def test_sigterm_to_torchrun_then_resume_equals_an_uninterrupted_run(corpus, tmp
     )
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     assert f"resuming {parts} at step {stopped}".encode() in resumed.stderr
-    a, b = checkpoint.load(whole / "last.pt"), checkpoint.load(parts / "last.pt")
+    a, b = load_checkpoint(whole / "last.pt"), load_checkpoint(parts / "last.pt")
     assert a["step"] == b["step"] == 30
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
@@ -221,7 +222,7 @@ def test_a_killed_rank_makes_the_other_exit_with_one_line(corpus, tmp_path):
     errors = [line for line in stderr.splitlines() if line.startswith("mtrain: error:")]
     assert len(errors) == 1 and "rank 0: lost the other training processes" in errors[0]
     assert "Traceback" not in stderr
-    assert checkpoint.load(run / "last.pt")["step"] > 0
+    assert load_checkpoint(run / "last.pt")["step"] > 0
 
 
 def test_a_plain_run_is_a_group_of_one(monkeypatch):
@@ -268,7 +269,7 @@ def test_machines_without_a_shared_disk_resume(corpus, tmp_path):
     )
     assert codes == [0, 0], stderr
     assert f"resuming {run} at step 4" in stderr[0]
-    assert checkpoint.load(run / "last.pt")["step"] == 6
+    assert load_checkpoint(run / "last.pt")["step"] == 6
     assert not elsewhere.exists()
 
 

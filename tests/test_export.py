@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import checkpoint, ct2_engine, export
+from mtrain import ct2_engine, export
 from mtrain.cli import main
 from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
 from mtrain.decode import NEVER_OUTPUT
 from mtrain.export import ExportError, check_expressible, export_run
+from mtrain.run_dir import BEST, build_model, load_run, save_checkpoint, write_config
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translate import Translator
+from mtrain.translator import Translator
 
 from .synthetic import REPO, number_pairs, overrides
 
@@ -40,16 +41,16 @@ def ct2():
 def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, float]) -> Path:
     """A run directory holding a randomly initialised model; `biases` are added to its logits."""
     path.mkdir()
-    checkpoint.write_config(path, cfg)
+    write_config(path, cfg)
     for name, proto in zip((export.SRC_MODEL, export.TGT_MODEL), tokenizer.protos()):
         (path / name).write_bytes(proto)
     torch.manual_seed(0)
-    model = checkpoint.build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer)
     with torch.no_grad():
         for token, bias in biases.items():
             model.output_projection.bias[token] += bias
     state = {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint(), "step": 0}
-    checkpoint.save(path / checkpoint.BEST, state)
+    save_checkpoint(path / BEST, state)
     return path
 
 
@@ -73,7 +74,7 @@ def random_config(norm: str, tie: bool, joint: bool, beam: int = 1) -> Config:
 
 def both_engines(run: Path, out: Path, decode: DecodeConfig, nbest: int = 1):
     """mtrain's Translator on the run, and CTranslate2's on its export, with `decode`."""
-    cfg, tokenizer, model = checkpoint.load_run(run, CPU)
+    cfg, tokenizer, model = load_run(run, CPU)
     ours = Translator(model, tokenizer, cfg, CPU, decode, nbest)
     _, _, engine = ct2_engine.load(export_run(run, out), "cpu")
     return ours, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, nbest)
@@ -174,7 +175,7 @@ def trained_run(tmp_path_factory, corpus) -> Path:
 def test_trained_model_greedy_is_ours_token_for_token(ct2, trained_run, tmp_path):
     """Greedy, float32: every sentence the same, or it differs first where our two best next
     tokens score within 1e-4 of each other (a tie that float rounding may break either way)."""
-    cfg, _, model = checkpoint.load_run(trained_run, CPU)
+    cfg, _, model = load_run(trained_run, CPU)
     greedy = dataclasses.replace(cfg.decode, beam_size=1)
     ours, theirs = both_engines(trained_run, tmp_path / "ct2", greedy)
     sentences = [zh for zh, _ in number_pairs(100, seed=21)]
@@ -200,7 +201,7 @@ def test_trained_model_greedy_is_ours_token_for_token(ct2, trained_run, tmp_path
 
 def test_trained_model_beam_agrees_and_scores_match(ct2, trained_run, tmp_path):
     """Beam 4 with the run's length penalty: >= 99% of sentences the same, scores within 1e-3."""
-    cfg, _, _ = checkpoint.load_run(trained_run, CPU)
+    cfg, _, _ = load_run(trained_run, CPU)
     beam4 = dataclasses.replace(cfg.decode, beam_size=4)
     ours, theirs = both_engines(trained_run, tmp_path / "ct2", beam4, nbest=1)
     sentences = [zh for zh, _ in number_pairs(100, seed=22)]
@@ -320,7 +321,7 @@ def test_options_ctranslate2_cannot_express_are_refused_by_name():
 
 def test_a_weight_with_no_place_in_the_spec_is_refused(ct2, tokenizer):
     cfg = random_config("pre", True, False)
-    model = checkpoint.build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer)
     model.register_parameter("gate", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ExportError, match=r"weights with no place .*'gate'"):
         export.build_spec(cfg, tokenizer, model)

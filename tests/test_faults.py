@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import checkpoint, config, train
-from mtrain.checkpoint import CheckpointError
+from mtrain import config, train
 from mtrain.config import ConfigError
 from mtrain.files import DirectoryLock, atomic_open
+from mtrain.run_dir import CheckpointError, load_checkpoint
 
 from .synthetic import REPO, overrides, small_config
 
@@ -173,7 +173,7 @@ def test_leftovers_of_a_killed_run_are_removed_at_start_up(run_dir, corpus, tmp_
     result = mtrain(*train_args(run, corpus, max_steps=6, eval_every=2))
     assert result.returncode == 0, result.stderr.decode()
     assert leftovers(run) == []
-    assert checkpoint.load(run / "last.pt")["step"] == 6
+    assert load_checkpoint(run / "last.pt")["step"] == 6
 
 
 def test_changed_training_data_is_refused_on_resume(corpus, tmp_path):
@@ -283,7 +283,7 @@ def test_unloadable_checkpoints_never_suggest_unsafe_loading(tmp_path):
     cut.write_bytes(cut.read_bytes()[:500])
     for path in (unsafe, cut):
         with pytest.raises(CheckpointError, match="not a loadable mtrain checkpoint") as e:
-            checkpoint.load(path)
+            load_checkpoint(path)
         assert "weights_only" not in str(e.value)
 
 
@@ -393,7 +393,7 @@ def test_out_that_holds_other_files_is_refused(corpus, tmp_path):
 def test_output_onto_a_file_of_the_run_is_refused(run_dir):
     result = mtrain("translate", "--run", str(run_dir), "-o", str(run_dir / "best.pt"), "一")
     one_line_error(result, "is a file of the run")
-    assert checkpoint.load(run_dir / "best.pt")["step"] > 0
+    assert load_checkpoint(run_dir / "best.pt")["step"] > 0
 
 
 def test_argument_that_is_not_utf8_is_one_line(run_dir):

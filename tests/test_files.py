@@ -7,8 +7,9 @@ import stat
 
 import pytest
 
-from mtrain import checkpoint, files
+from mtrain import files
 from mtrain.files import atomic_open, write_atomic
+from mtrain.run_dir import save_copy
 
 
 def leftovers(directory) -> list[str]:
@@ -58,6 +59,6 @@ def test_save_copy_removes_its_link_when_the_rename_fails(tmp_path, monkeypatch)
 
     monkeypatch.setattr(files.os, "replace", fail)
     with pytest.raises(OSError) as e:
-        checkpoint.save_copy(src, dst)
+        save_copy(src, dst)
     assert e.value.filename == str(dst)  # the file meant, not the temporary one
     assert leftovers(tmp_path) == [] and dst.read_bytes() == b"old"

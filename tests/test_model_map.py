@@ -8,10 +8,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mtrain import checkpoint, config, model_map, train
+from mtrain import config, model_map, train
 from mtrain.cli import app
 from mtrain.config import ModelConfig
 from mtrain.model import Transformer
+from mtrain.run_dir import write_config
 
 from .synthetic import REPO, small_config
 
@@ -49,7 +50,7 @@ def test_info_json_on_a_run(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=10, eval_every=10)
     trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
     trainer.run()
-    checkpoint.write_config(tmp_path, cfg)
+    write_config(tmp_path, cfg)
     result = CliRunner().invoke(app, ["info", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)

@@ -12,8 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import checkpoint, config, jsonl, train
-from mtrain.checkpoint import CheckpointError
+from mtrain import config, jsonl, train
+from mtrain.run_dir import (
+    TRAIN_LOG,
+    CheckpointError,
+    load_checkpoint,
+    load_run,
+    save_checkpoint,
+    save_copy,
+    step_checkpoints,
+    write_config,
+)
 
 from .synthetic import REPO, overrides, small_config
 
@@ -55,15 +64,15 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
     assert resumed.step == 13
     resumed.run()
 
-    a = checkpoint.load(whole / "last.pt")
-    b = checkpoint.load(parts / "last.pt")
+    a = load_checkpoint(whole / "last.pt")
+    b = load_checkpoint(parts / "last.pt")
     assert a["step"] == b["step"] == 30
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])
     # train.jsonl: the same steps and rates; the window after the resume point holds the same
     # batches in both runs, so the same mean loss.
-    logs = [jsonl.read(run / checkpoint.TRAIN_LOG) for run in (whole, parts)]
+    logs = [jsonl.read(run / TRAIN_LOG) for run in (whole, parts)]
     assert [r["step"] for r in logs[0]] == [r["step"] for r in logs[1]] == [10, 20, 30]
     assert [r["lr"] for r in logs[0]] == [r["lr"] for r in logs[1]]
     assert logs[0][-1]["loss"] == logs[1][-1]["loss"]
@@ -82,7 +91,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     monkeypatch.setattr(train, "loss_fn", poisoned)
     with pytest.raises(train.NonFiniteLoss, match="step 8: the loss is nan"):
         trainer.run()
-    saved = checkpoint.load(tmp_path / "last.pt")
+    saved = load_checkpoint(tmp_path / "last.pt")
     assert saved["step"] == 5
     assert all(torch.isfinite(t).all() for t in saved["model"].values())
 
@@ -98,21 +107,21 @@ def test_signal_saves_and_the_same_command_resumes(corpus, tmp_path, sig):
     assert proc.returncode == 130, stderr
     assert "interrupted at step" in stderr and "run the same command to resume" in stderr
     assert "Traceback" not in stderr
-    step = checkpoint.load(run / "last.pt")["step"]
+    step = load_checkpoint(run / "last.pt")["step"]
     assert step > 0
 
     finish = mtrain_train(run, [*settings, f"train.max_steps={step + 5}"])
     done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"resuming {run} at step {step}" in done.stderr
-    assert checkpoint.load(run / "last.pt")["step"] == step + 5
+    assert load_checkpoint(run / "last.pt")["step"] == step + 5
 
 
 def test_resume_with_another_config_is_refused(corpus, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     cfg = small_config(corpus, max_steps=5, eval_every=5)
-    checkpoint.write_config(run, cfg)
+    write_config(run, cfg)
     train.Trainer(cfg, run, torch.device("cpu")).run()
     settings = [*overrides(corpus, max_steps=5, eval_every=5), "model.d_model=32"]
     result = subprocess.run(
@@ -131,7 +140,7 @@ def test_checkpoint_with_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": Payload()}, path)
     with pytest.raises(CheckpointError, match=r"evil\.pt: not a loadable mtrain checkpoint"):
-        checkpoint.load(path)
+        load_checkpoint(path)
 
 
 def test_truncated_checkpoint_is_refused(tmp_path):
@@ -139,12 +148,12 @@ def test_truncated_checkpoint_is_refused(tmp_path):
     torch.save({"model": {"w": torch.zeros(1000)}}, path)
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(CheckpointError, match=r"cut\.pt: not a loadable mtrain checkpoint"):
-        checkpoint.load(path)
+        load_checkpoint(path)
 
 
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    checkpoint.save(path, {"model": {}, "step": 1})
+    save_checkpoint(path, {"model": {}, "step": 1})
 
     def broken(state, f):
         f.write(b"half a checkpoint")
@@ -152,8 +161,8 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.save(path, {"model": {}, "step": 2})
-    assert checkpoint.load(path)["step"] == 1
+        save_checkpoint(path, {"model": {}, "step": 2})
+    assert load_checkpoint(path)["step"] == 1
 
 
 def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, monkeypatch):
@@ -169,7 +178,7 @@ def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, mon
 
     monkeypatch.setattr(train, "loss_fn", poisoned)
     trainer.run()
-    saved = checkpoint.load(tmp_path / "last.pt")
+    saved = load_checkpoint(tmp_path / "last.pt")
     assert saved["step"] == 10 and saved["skipped"] == 1
     assert '"skipped": 1' in (tmp_path / "metrics.jsonl").read_text()
 
@@ -197,14 +206,14 @@ def test_out_of_memory_batch_is_reported_and_skipped(corpus, tmp_path, monkeypat
 def test_keeps_the_last_k_step_checkpoints(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=20, eval_every=5, keep_last=2)
     train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
-    names = [p.name for p in checkpoint.step_checkpoints(tmp_path)]
+    names = [p.name for p in step_checkpoints(tmp_path)]
     assert names == ["step-00000015.pt", "step-00000020.pt"]
     assert (tmp_path / "best.pt").exists() and (tmp_path / "last.pt").exists()
 
 
 def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=5, eval_every=5)
-    checkpoint.write_config(tmp_path, cfg)
+    write_config(tmp_path, cfg)
     train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
     other = tmp_path / "other"
     other.mkdir()
@@ -215,15 +224,15 @@ def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_pat
     Tokenizer.train(texts, texts, wider, "en", "de", other)
     (tmp_path / "spm.tgt.model").write_bytes((other / "spm.tgt.model").read_bytes())
     with pytest.raises(CheckpointError, match="SentencePiece models differ"):
-        checkpoint.load_run(tmp_path, torch.device("cpu"))
+        load_run(tmp_path, torch.device("cpu"))
 
 
 def test_checkpoint_copies_survive_the_next_save(tmp_path):
     last, step = tmp_path / "last.pt", tmp_path / "step-1.pt"
-    checkpoint.save(last, {"model": {}, "step": 1})
-    checkpoint.save_copy(last, step)
-    checkpoint.save(last, {"model": {}, "step": 2})
-    assert checkpoint.load(step)["step"] == 1 and checkpoint.load(last)["step"] == 2
+    save_checkpoint(last, {"model": {}, "step": 1})
+    save_copy(last, step)
+    save_checkpoint(last, {"model": {}, "step": 2})
+    assert load_checkpoint(step)["step"] == 1 and load_checkpoint(last)["step"] == 2
 
 
 def test_second_interrupt_stops_at_once_without_corrupting_checkpoints(corpus, tmp_path):
@@ -235,4 +244,4 @@ def test_second_interrupt_stops_at_once_without_corrupting_checkpoints(corpus, t
     stderr = log.read_text()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
-    assert checkpoint.load(run / "last.pt")["step"] > 0
+    assert load_checkpoint(run / "last.pt")["step"] > 0

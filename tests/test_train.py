@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from mtrain import checkpoint, config, jsonl, train
+from mtrain import config, jsonl, train
 from mtrain.data import Batch
+from mtrain.run_dir import AVERAGED, load_checkpoint, step_checkpoints
 from mtrain.tokenizer import PAD_ID
 from mtrain.train import Interrupted, Trainer, Update, Validation
 
@@ -70,20 +71,20 @@ def test_training_ends_by_averaging_the_last_checkpoints(
     )
     trainer.run()
 
-    averaged = checkpoint.load(tmp_path / checkpoint.AVERAGED)
+    averaged = load_checkpoint(tmp_path / AVERAGED)
     assert averaged["steps"] == [5, 10, 15]
-    steps = [checkpoint.load(p)["model"] for p in checkpoint.step_checkpoints(tmp_path)]
+    steps = [load_checkpoint(p)["model"] for p in step_checkpoints(tmp_path)]
     for name, tensor in averaged["model"].items():
         torch.testing.assert_close(tensor, sum(s[name] for s in steps) / 3)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records] == ["validation"] * 3 + ["average"]
     assert records[-1]["best"] == average_is_best
 
-    best = checkpoint.load(tmp_path / "best.pt")["model"]
+    best = load_checkpoint(tmp_path / "best.pt")["model"]
     best_source = averaged["model"] if average_is_best else steps[-1]
     assert all(torch.equal(best[k], v) for k, v in best_source.items())
     # A resumed run compares new validations with the best score, the average's included.
-    assert checkpoint.load(tmp_path / "last.pt")["best_bleu"] == max(3.0, average_bleu)
+    assert load_checkpoint(tmp_path / "last.pt")["best_bleu"] == max(3.0, average_bleu)
 
 
 @pytest.mark.parametrize("stop", ["signal", "budget"])
@@ -117,7 +118,7 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
     else:
         trainer.run()
     assert trainer.step == 3 and trainer.skipped == 5
-    saved = checkpoint.load(tmp_path / "last.pt")
+    saved = load_checkpoint(tmp_path / "last.pt")
     assert saved["step"] == 3 and saved["skipped"] == 5
     # The budget ended the run after a validation of this very step: none again.
     records = jsonl.read(tmp_path / "metrics.jsonl")

@@ -10,9 +10,10 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config, corpus, ct2_engine, runtime
+from mtrain import config, corpus, ct2_engine, runtime
 from mtrain.config import Config, DecodeConfig
-from mtrain.translate import Translator
+from mtrain.run_dir import CONFIG_FILE, latest_run, load_run
+from mtrain.translator import Translator
 
 RUNS_ROOT = Path("runs")
 
@@ -52,6 +53,9 @@ QuantizeOption = Annotated[
 ]
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
 DeviceOption = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
 
 
@@ -84,9 +88,17 @@ def setup_logging(quiet: bool = False) -> None:
 def resolve_run(run: Path | None) -> Path:
     if run is not None:
         return run
-    run = checkpoint.latest_run(RUNS_ROOT)
+    run = latest_run(RUNS_ROOT)
     log.info("using run %s", run)
     return run
+
+
+def run_directory(run: Path | None) -> Path:
+    """The run asked for, or the latest; refused unless it holds a config."""
+    run_dir = resolve_run(run)
+    if not (run_dir / CONFIG_FILE).is_file():
+        fail(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    return run_dir
 
 
 def load_translator(
@@ -102,7 +114,7 @@ def load_translator(
     torch_device = runtime.pick_device(device)
     runtime.configure(torch_device)
     run_dir = resolve_run(run)
-    cfg, tokenizer, model = checkpoint.load_run(run_dir, torch_device, which)
+    cfg, tokenizer, model = load_run(run_dir, torch_device, which)
     if quantize is Quantize.int8:
         if torch_device.type != "cpu":
             fail("--quantize int8 runs on the CPU only; add --device cpu")

@@ -8,50 +8,62 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint
 from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
     CheckpointOption,
     DeviceOption,
+    JsonOption,
     Quantize,
     QuantizeOption,
     RunOption,
     fail,
     load_translator,
     log,
-    resolve_run,
+    run_directory,
     setup_logging,
 )
 from mtrain.data import group_references, read_lines, read_parallel
 from mtrain.evaluate import score
 from mtrain.files import DirectoryLock, write_atomic
+from mtrain.run_dir import (
+    AVERAGED,
+    BEST,
+    average_checkpoints,
+    save_checkpoint,
+    step_checkpoints,
+)
+
+SrcOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Source sentences, one per line. Default: the run's test split.",
+        dir_okay=False,
+        exists=True,
+    ),
+]
+
+
+RefOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        help="Reference translations, one per line, aligned with --src; repeat for several "
+        "references per sentence (an empty line means no reference there).",
+        dir_okay=False,
+        exists=True,
+    ),
+]
 
 
 def evaluate(
     run: RunOption = None,
-    src: Annotated[
-        Path | None,
-        typer.Option(
-            help="Source sentences, one per line. Default: the run's test split.",
-            dir_okay=False,
-            exists=True,
-        ),
-    ] = None,
-    ref: Annotated[
-        list[Path] | None,
-        typer.Option(
-            help="Reference translations, one per line, aligned with --src; repeat for several "
-            "references per sentence (an empty line means no reference there).",
-            dir_okay=False,
-            exists=True,
-        ),
-    ] = None,
+    src: SrcOption = None,
+    ref: RefOption = None,
     beam: BeamOption = None,
     alpha: AlphaOption = None,
     quantize: QuantizeOption = Quantize.none,
-    which: CheckpointOption = checkpoint.BEST,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    which: CheckpointOption = BEST,
+    as_json: JsonOption = False,
     device: DeviceOption = "auto",
 ) -> None:
     """Translate a test set and print BLEU and chrF with their sacrebleu signatures."""
@@ -66,26 +78,13 @@ def evaluate(
         )
         hyp_path, source_name = run_dir / f"{test.stem}.hyp.{cfg.data.tgt_lang}", test
     else:
-        sources = read_lines(src)
-        streams = [read_lines(path) for path in ref]
-        for path, stream in zip(ref, streams):
-            if len(stream) != len(sources):
-                fail(f"{path}: {len(stream)} lines, but {src} has {len(sources)}")
-        references = [[r for r in refs if r.strip()] for refs in zip(*streams)]
-        for number, refs in enumerate(references, 1):
-            if not refs:
-                fail(f"{src}:{number}: no reference in any --ref file")
+        sources, references = read_test_files(src, ref)
         hyp_path, source_name = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}", src
     if not sources:
         fail(f"{source_name}: no sentences to evaluate")
     hyps = [t[0].text for t in translator.stream(sources)]
     scores = score(hyps, references, cfg.data.tgt_lang)
-    try:
-        write_atomic(hyp_path, "".join(h + "\n" for h in hyps))
-        log.info("hypotheses written to %s", hyp_path)
-    except OSError as e:  # a read-only run directory: the scores still count
-        log.warning("mtrain: warning: cannot write %s (%s); scores below", hyp_path, e.strerror)
-        hyp_path = None
+    hyp_path = write_hypotheses(hyp_path, hyps)
     if as_json:
         result = {
             "run": str(run_dir),
@@ -99,6 +98,31 @@ def evaluate(
         typer.echo(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
 
 
+def read_test_files(src: Path, ref: list[Path]) -> tuple[list[str], list[list[str]]]:
+    """Sources, one per line, and each one's references: the non-empty lines of the --ref files."""
+    sources = read_lines(src)
+    streams = [read_lines(path) for path in ref]
+    for path, stream in zip(ref, streams):
+        if len(stream) != len(sources):
+            fail(f"{path}: {len(stream)} lines, but {src} has {len(sources)}")
+    references = [[r for r in refs if r.strip()] for refs in zip(*streams)]
+    for number, refs in enumerate(references, 1):
+        if not refs:
+            fail(f"{src}:{number}: no reference in any --ref file")
+    return sources, references
+
+
+def write_hypotheses(path: Path, hyps: list[str]) -> Path | None:
+    """Write the translations, one per line; None where the run directory is read-only."""
+    try:
+        write_atomic(path, "".join(h + "\n" for h in hyps))
+    except OSError as e:  # a read-only run directory: the scores still count
+        log.warning("mtrain: warning: cannot write %s (%s); scores below", path, e.strerror)
+        return None
+    log.info("hypotheses written to %s", path)
+    return path
+
+
 def average(
     run: RunOption = None,
     last: Annotated[
@@ -110,17 +134,15 @@ def average(
     Translate or evaluate with it by adding --checkpoint averaged.pt.
     """
     setup_logging()
-    run_dir = resolve_run(run)
-    if not (run_dir / checkpoint.CONFIG_FILE).is_file():
-        fail(f"{run_dir}: not a run directory (no {checkpoint.CONFIG_FILE})")
+    run_dir = run_directory(run)
     with DirectoryLock(run_dir):  # training writes averaged.pt too
-        paths = checkpoint.step_checkpoints(run_dir)
+        paths = step_checkpoints(run_dir)
         if len(paths) < last:
             fail(
                 f"{run_dir}: {len(paths)} step checkpoints, fewer than --last {last} "
                 "(train.keep_last says how many training keeps)"
             )
-        state = checkpoint.average(paths[-last:])
-        checkpoint.save(run_dir / checkpoint.AVERAGED, state)
+        state = average_checkpoints(paths[-last:])
+        save_checkpoint(run_dir / AVERAGED, state)
     log.info("averaged the checkpoints of steps %s", ", ".join(map(str, state["steps"])))
-    typer.echo(str(run_dir / checkpoint.AVERAGED))
+    typer.echo(str(run_dir / AVERAGED))

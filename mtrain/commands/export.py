@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint
 from mtrain.commands.common import CheckpointOption, setup_logging
 from mtrain.export import export_run
+from mtrain.run_dir import BEST
 
 
 class ExportQuantize(str, enum.Enum):
@@ -25,7 +25,7 @@ def export(
         Path, typer.Argument(help="Run directory to export.", file_okay=False, exists=True)
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the model into.")],
-    which: CheckpointOption = checkpoint.BEST,
+    which: CheckpointOption = BEST,
     quantize: Annotated[
         ExportQuantize,
         typer.Option(

@@ -6,27 +6,37 @@ import dataclasses
 import json
 import textwrap
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
 
-from mtrain import checkpoint, config
-from mtrain.commands.common import fail, resolve_run, setup_logging
+from mtrain import config
+from mtrain.commands.common import JsonOption, fail, run_directory, setup_logging
+from mtrain.config import Config
+from mtrain.run_dir import CONFIG_FILE, training_summary
+
+if TYPE_CHECKING:
+    from mtrain.model_map import Part
+    from mtrain.tokenizer import Tokenizer
+
+
+RunArgument = Annotated[
+    Path | None,
+    typer.Argument(help="Run directory. Default: the latest run under ./runs/."),
+]
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="Describe a config's model instead of a run's.", dir_okay=False
+    ),
+]
 
 
 def info(
-    run: Annotated[
-        Path | None,
-        typer.Argument(help="Run directory. Default: the latest run under ./runs/."),
-    ] = None,
-    config_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="Describe a config's model instead of a run's.", dir_okay=False
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    run: RunArgument = None, config_path: ConfigOption = None, as_json: JsonOption = False
 ) -> None:
     """The model part by part as the textbook names it, with parameter counts.
 
@@ -35,7 +45,6 @@ def info(
     """
     from mtrain import model_map
     from mtrain.model import Transformer
-    from mtrain.tokenizer import Tokenizer
 
     setup_logging()
     if run is not None and config_path is not None:
@@ -44,13 +53,8 @@ def info(
         cfg, tokenizer, summary = config.load(config_path), None, None
         vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
     else:
-        run = resolve_run(run)
-        if not (run / checkpoint.CONFIG_FILE).is_file():
-            fail(f"{run}: not a run directory (no {checkpoint.CONFIG_FILE})")
-        cfg = config.load(run / checkpoint.CONFIG_FILE)
-        tokenizer = Tokenizer.load(run)
+        run, cfg, tokenizer, summary = read_run(run)
         vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-        summary = checkpoint.training_summary(run)
     positions = cfg.data.max_positions()
     model = Transformer(cfg.model, *vocab, positions, 0, joint_vocab=cfg.tokenizer.joint)
     parts = model_map.parts(model)
@@ -73,30 +77,56 @@ def info(
         }
         typer.echo(json.dumps(result, ensure_ascii=False))
         return
+    typer.echo(f"{run or config_path}: {cfg.data.src_lang}→{cfg.data.tgt_lang} Transformer")
+    echo_text(cfg, parts, tokenizers, summary)
+
+
+def read_run(run: Path | None) -> tuple[Path, Config, Tokenizer, dict[str, Any]]:
+    """A run's config, tokenizer and training summary; the latest run when none is named."""
+    from mtrain.tokenizer import Tokenizer
+
+    run = run_directory(run)
+    cfg = config.load(run / CONFIG_FILE)
+    tokenizer = Tokenizer.load(run)
+    return run, cfg, tokenizer, training_summary(run)
+
+
+def echo_text(
+    cfg: Config, parts: list[Part], tokenizers: dict[str, Any], summary: dict[str, Any] | None
+) -> None:
+    """What `info` prints without --json, below its first line: model, tokenizers, training,
+    config."""
+    from mtrain import model_map
+
     echo = typer.echo
-    echo(f"{run or config_path}: {cfg.data.src_lang}→{cfg.data.tgt_lang} Transformer")
     echo("")
     for line in model_map.render(parts):
         echo(line)
     echo(f"total: {model_map.total(parts):,} parameters (a shared matrix is counted once)")
     echo("")
     kind = "one joint model" if cfg.tokenizer.joint else "one model per language"
-    how = "trained" if tokenizer is not None else "configured size, not trained yet"
+    how = "trained" if tokenizers["trained"] else "configured size, not trained yet"
     echo(f"tokenizer: SentencePiece {cfg.tokenizer.model_type}, {kind} ({how})")
-    echo(f"  source vocabulary ({cfg.data.src_lang}): {vocab[0]:,} pieces")
-    echo(f"  target vocabulary ({cfg.data.tgt_lang}): {vocab[1]:,} pieces")
+    echo(f"  source vocabulary ({cfg.data.src_lang}): {tokenizers['src_vocab']:,} pieces")
+    echo(f"  target vocabulary ({cfg.data.tgt_lang}): {tokenizers['tgt_vocab']:,} pieces")
     if summary is not None:
         echo("")
-        echo(
-            f"training: {summary['steps']:,} steps in {summary['minutes']:.1f} minutes, "
-            f"{summary['validations']} validations"
-        )
-        if summary["best_dev_bleu"] is not None:
-            of = " (the averaged checkpoints)" if summary["best_is_average"] else ""
-            echo(f"  best dev BLEU (greedy): {summary['best_dev_bleu']:.2f}{of}")
-        for name, size in summary["checkpoints"].items():
-            echo(f"  {name:<18}{size / 2**20:8.1f} MiB")
+        echo_training(summary)
     echo("")
     echo("config:")
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
     echo(textwrap.indent(text, "  ").rstrip())
+
+
+def echo_training(summary: dict[str, Any]) -> None:
+    """A run's training: steps, minutes, validations, best dev BLEU and checkpoint sizes."""
+    echo = typer.echo
+    echo(
+        f"training: {summary['steps']:,} steps in {summary['minutes']:.1f} minutes, "
+        f"{summary['validations']} validations"
+    )
+    if summary["best_dev_bleu"] is not None:
+        of = " (the averaged checkpoints)" if summary["best_is_average"] else ""
+        echo(f"  best dev BLEU (greedy): {summary['best_dev_bleu']:.2f}{of}")
+    for name, size in summary["checkpoints"].items():
+        echo(f"  {name:<18}{size / 2**20:8.1f} MiB")

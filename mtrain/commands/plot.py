@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mtrain import checkpoint, config
-from mtrain.checkpoint import CheckpointError
+from mtrain import config
 from mtrain.commands.common import (
     Quantize,
     RunOption,
@@ -19,6 +18,7 @@ from mtrain.commands.common import (
     setup_logging,
 )
 from mtrain.config import Config
+from mtrain.run_dir import CONFIG_FILE, CheckpointError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -28,7 +28,7 @@ app = typer.Typer(
 
 def figure_output(path: Path) -> Path:
     """Check --output's format as the options are read: before the figure is drawn."""
-    from mtrain.figures import check_output
+    from mtrain.figures.common import check_output
 
     return check_output(path)
 
@@ -50,11 +50,11 @@ def curves(
 
     Reads each run's metrics.jsonl and train.jsonl; prints the PNG's path.
     """
-    from mtrain import plots
-    from mtrain.figures import save
+    from mtrain.figures.common import save
+    from mtrain.figures.curves import draw_curves
 
     setup_logging()
-    typer.echo(str(save(plots.curves(runs), output)))
+    typer.echo(str(save(draw_curves(runs), output)))
 
 
 def optional_run(run: Path | None) -> Path | None:
@@ -79,13 +79,13 @@ def positional(
 
     Without a run (and none under ./runs/), default.yaml's d_model and lengths are used.
     """
-    from mtrain import plots
-    from mtrain.figures import save
+    from mtrain.figures.common import save
+    from mtrain.figures.positional import draw_positional
 
     setup_logging()
     run = optional_run(run)
-    cfg = config.load(run / checkpoint.CONFIG_FILE) if run else Config()
-    positions = plots.positional(cfg.model.d_model, cfg.data.max_positions())
+    cfg = config.load(run / CONFIG_FILE) if run else Config()
+    positions = draw_positional(cfg.model.d_model, cfg.data.max_positions())
     typer.echo(str(save(positions, output)))
 
 
@@ -106,8 +106,8 @@ def masks(
 
     Pieces come from the run's tokenizers; with no run at all, each character is a piece.
     """
-    from mtrain import plots
-    from mtrain.figures import save
+    from mtrain.figures.common import save
+    from mtrain.figures.masks import draw_masks, mask_inputs
     from mtrain.text import normalize
 
     setup_logging()
@@ -134,5 +134,5 @@ def masks(
         src_pieces = [[tok.src.id_to_piece(i) for i in ids] for ids in src_ids]
         tgt_pieces = [[tok.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids]
         max_src_len = cfg.data.max_src_len
-    inputs = plots.mask_inputs(src_ids, src_pieces, tgt_ids, tgt_pieces, max_src_len)
-    typer.echo(str(save(plots.masks(inputs), output)))
+    inputs = mask_inputs(src_ids, src_pieces, tgt_ids, tgt_pieces, max_src_len)
+    typer.echo(str(save(draw_masks(inputs), output)))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mtrain import checkpoint, config, runtime
+from mtrain import config, runtime
 from mtrain.commands.common import (
     RUNS_ROOT,
     DeviceOption,
@@ -20,6 +20,7 @@ from mtrain.commands.common import (
 )
 from mtrain.config import Config
 from mtrain.files import LOCK_FILE, DirectoryLock, remove_leftovers
+from mtrain.run_dir import BEST, CONFIG_FILE, LAST, step_checkpoints, write_config
 
 if TYPE_CHECKING:
     import torch
@@ -32,12 +33,12 @@ RESUMABLE_KEYS = {("train", "max_steps"), ("train", "max_minutes"), ("data", "pr
 
 def is_run_dir(path: Path) -> bool:
     """A directory that mtrain trained into (or began to)."""
-    return (path / checkpoint.CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
+    return (path / CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
 
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
     """Refuse to resume a run with a config other than its own (but for its limits)."""
-    saved = config.load(run_dir / checkpoint.CONFIG_FILE).to_dict()
+    saved = config.load(run_dir / CONFIG_FILE).to_dict()
     new = cfg.to_dict()
     for section, values in new.items():
         for key, value in values.items():
@@ -115,7 +116,7 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
             resume = group.is_main and open_run(run_dir, cfg)
             trainer = Trainer(cfg, run_dir, device, resume, group)
             if group.is_main:
-                checkpoint.write_config(run_dir, cfg)  # once the run is known to be resumable
+                write_config(run_dir, cfg)  # once the run is known to be resumable
             return trainer.run()
     except (NonFiniteLoss, OutOfMemory, RunWriteError) as e:
         fail(str(e))
@@ -127,7 +128,7 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
             )
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
-        last = run_dir / checkpoint.LAST
+        last = run_dir / LAST
         kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
         typer.echo(f"mtrain: stopped; {kept}", err=True)
         raise typer.Exit(130) from None
@@ -153,11 +154,11 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
     """Clean a locked run directory of what a killed run left; return whether to resume."""
     for leftover in remove_leftovers(run_dir):
         log.info("removed %s, left by an interrupted write", leftover)
-    resume = (run_dir / checkpoint.LAST).exists()
-    kept = (run_dir / checkpoint.BEST).exists() or checkpoint.step_checkpoints(run_dir)
+    resume = (run_dir / LAST).exists()
+    kept = (run_dir / BEST).exists() or step_checkpoints(run_dir)
     if kept and not resume:  # last.pt deleted, or lost
         fail(
-            f"{run_dir}: holds checkpoints but no {checkpoint.LAST} to resume from; training "
+            f"{run_dir}: holds checkpoints but no {LAST} to resume from; training "
             "afresh would replace them: use another --out"
         )
     if resume:

@@ -7,15 +7,14 @@ import enum
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from tqdm import tqdm
 
-from mtrain import checkpoint
-from mtrain.attention import AttentionRecorder, save_figures
+from mtrain.attention_recorder import AttentionRecorder
 from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
@@ -31,10 +30,12 @@ from mtrain.commands.common import (
     setup_logging,
 )
 from mtrain.data import decode_lines
+from mtrain.figures.attention import save_figures
 from mtrain.files import atomic_open
+from mtrain.run_dir import BEST
 from mtrain.tokenizer import BOS_ID, EOS_ID
 from mtrain.trace import Tracer, format_trace
-from mtrain.translate import Translation, Translator
+from mtrain.translator import Translation, Translator
 
 
 class Engine(str, enum.Enum):
@@ -110,67 +111,91 @@ def typed_lines(prompt: str, read: Callable[[str], str] = read_line) -> Iterator
             yield line
 
 
+TextsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(help="Sentences to translate. Default: lines of --input, or of stdin."),
+]
+
+
+InputOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--input",
+        "-i",
+        help="Translate this file, one sentence per line.",
+        dir_okay=False,
+        exists=True,
+    ),
+]
+
+
+OutputOption = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="Write translations here instead of stdout."),
+]
+
+
+NbestOption = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Print the N best translations of each line as "
+        "'LINE ||| TRANSLATION ||| SCORE' (LINE counts from 0).",
+    ),
+]
+
+
+TraceOption = Annotated[
+    bool,
+    typer.Option(
+        "--trace",
+        help="Print on stderr how each sentence is decoded: its source pieces and ids, then "
+        "every step (decoder input, the likeliest next pieces, the choice; with --beam: the "
+        "live hypotheses and which survive or finish).",
+    ),
+]
+
+
+TraceKOption = Annotated[
+    int, typer.Option("--trace-k", min=1, help="Next pieces shown per step by --trace.")
+]
+
+
+AttentionOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--attention",
+        help="Draw each sentence's attention weights (cross-attention, encoder and decoder "
+        "self-attention, every layer and head) as PNG files into this directory.",
+        file_okay=False,
+    ),
+]
+
+
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        help="mtrain: the run's checkpoint, on PyTorch. ctranslate2: a directory written by "
+        "`mtrain export`, given as --run; needs `pip install ctranslate2`.",
+    ),
+]
+
+
 def translate(
-    texts: Annotated[
-        list[str] | None,
-        typer.Argument(help="Sentences to translate. Default: lines of --input, or of stdin."),
-    ] = None,
-    input_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--input",
-            "-i",
-            help="Translate this file, one sentence per line.",
-            dir_okay=False,
-            exists=True,
-        ),
-    ] = None,
-    output: Annotated[
-        Path | None,
-        typer.Option("--output", "-o", help="Write translations here instead of stdout."),
-    ] = None,
+    texts: TextsArgument = None,
+    input_path: InputOption = None,
+    output: OutputOption = None,
     run: RunOption = None,
     beam: BeamOption = None,
     alpha: AlphaOption = None,
-    nbest: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Print the N best translations of each line as "
-            "'LINE ||| TRANSLATION ||| SCORE' (LINE counts from 0).",
-        ),
-    ] = 1,
-    trace: Annotated[
-        bool,
-        typer.Option(
-            "--trace",
-            help="Print on stderr how each sentence is decoded: its source pieces and ids, then "
-            "every step (decoder input, the likeliest next pieces, the choice; with --beam: the "
-            "live hypotheses and which survive or finish).",
-        ),
-    ] = False,
-    trace_k: Annotated[
-        int, typer.Option("--trace-k", min=1, help="Next pieces shown per step by --trace.")
-    ] = 5,
-    attention: Annotated[
-        Path | None,
-        typer.Option(
-            "--attention",
-            help="Draw each sentence's attention weights (cross-attention, encoder and decoder "
-            "self-attention, every layer and head) as PNG files into this directory.",
-            file_okay=False,
-        ),
-    ] = None,
+    nbest: NbestOption = 1,
+    trace: TraceOption = False,
+    trace_k: TraceKOption = 5,
+    attention: AttentionOption = None,
     quantize: QuantizeOption = Quantize.none,
-    which: CheckpointOption = checkpoint.BEST,
+    which: CheckpointOption = BEST,
     device: DeviceOption = "auto",
-    engine: Annotated[
-        Engine,
-        typer.Option(
-            help="mtrain: the run's checkpoint, on PyTorch. ctranslate2: a directory written by "
-            "`mtrain export`, given as --run; needs `pip install ctranslate2`.",
-        ),
-    ] = Engine.mtrain,
+    engine: EngineOption = Engine.mtrain,
 ) -> None:
     """Translate sentences; one output line per input line, in input order.
 
@@ -183,60 +208,68 @@ def translate(
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
     if engine is Engine.ctranslate2:
-        if trace or attention or which != checkpoint.BEST:
+        if trace or attention or which != BEST:
             fail("--trace, --attention and --checkpoint need --engine mtrain")
         run_dir, cfg, translator = load_ct2_translator(run, device, beam, alpha, quantize, nbest)
     else:
         run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
     if output is not None:
         check_output(output, [input_path] if input_path else [], run_dir)
-    for number, text in enumerate(texts or [], 1):
-        if not is_utf8(text):
-            fail(f"argument {number}: not valid UTF-8")
+    check_arguments(texts or [])
     if attention:
         attention.mkdir(parents=True, exist_ok=True)
     interactive = not texts and not input_path and sys.stdin.isatty()
+    if interactive:
+        src, tgt, beam_size = cfg.data.src_lang, cfg.data.tgt_lang, translator.decode.beam_size
+        log.info("translating %s→%s with %s, beam %d; Ctrl-D leaves", src, tgt, run_dir, beam_size)
+    one_by_one = trace or attention or interactive  # each line shown once it is done
+    with interruptible(output), contextlib.ExitStack() as stack:
+        lines = input_lines(stack, texts, input_path, cfg.data.src_lang if interactive else None)
+        if one_by_one:
+            results = inspected(translator, lines, trace_k if trace else None, attention)
+        else:
+            results = translator.stream(lines)
+        out = sys.stdout
+        if output:
+            out = stack.enter_context(atomic_open(output, "w", encoding="utf-8"))
+        bar = (input_path or output) and not interactive
+        progress = stack.enter_context(tqdm(desc="translate", unit=" lines", disable=not bar))
+        for number, translations in enumerate(results):
+            write_translations(out, number, translations, nbest)
+            if one_by_one:
+                out.flush()
+            progress.update(1)
+
+
+def inspected(
+    translator: Translator, lines: Iterable[str], trace_k: int | None, attention: Path | None
+) -> Iterator[list[Translation]]:
+    """Each line translated alone, as soon as it is read, with its trace and attention maps."""
+    for number, line in enumerate(lines):
+        yield inspect_line(translator, line, number, trace_k, attention)
+
+
+def input_lines(
+    stack: contextlib.ExitStack, texts: list[str] | None, path: Path | None, typed: str | None
+) -> Iterable[str]:
+    """The lines to translate: the arguments, the file, lines typed at a prompt that names the
+    source language `typed`, or stdin."""
+    if texts:
+        return texts
+    if path:
+        return decode_lines(stack.enter_context(path.open("rb")), str(path))
+    if typed is not None:
+        return typed_lines(f"{typed}> ")
+    return decode_lines(sys.stdin.buffer, "<stdin>")
+
+
+@contextlib.contextmanager
+def interruptible(output: Path | None) -> Iterator[None]:
+    """End quietly when the reader goes away (exit 1) or on Ctrl-C or SIGTERM (exit 130)."""
     # SIGTERM unwinds like Ctrl-C, so that a half-written --output is removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with contextlib.ExitStack() as stack:
-            if texts:
-                lines = texts
-            elif input_path:
-                lines = decode_lines(stack.enter_context(input_path.open("rb")), str(input_path))
-            elif interactive:
-                data = cfg.data
-                log.info(
-                    "translating %s→%s with %s, beam %d; Ctrl-D leaves",
-                    data.src_lang,
-                    data.tgt_lang,
-                    run_dir,
-                    translator.decode.beam_size,
-                )
-                lines = typed_lines(f"{data.src_lang}> ")
-            else:
-                lines = decode_lines(sys.stdin.buffer, "<stdin>")
-            one_by_one = trace or attention or interactive  # each line shown once it is done
-            if one_by_one:
-                trace_k_or_none = trace_k if trace else None
-                results = (
-                    inspect_line(translator, line, number, trace_k_or_none, attention)
-                    for number, line in enumerate(lines)
-                )
-            else:
-                results = translator.stream(lines)
-            out = (
-                stack.enter_context(atomic_open(output, "w", encoding="utf-8"))
-                if output
-                else sys.stdout
-            )
-            bar = (input_path or output) and not interactive
-            progress = stack.enter_context(tqdm(desc="translate", unit=" lines", disable=not bar))
-            for number, translations in enumerate(results):
-                write_translations(out, number, translations, nbest)
-                if one_by_one:
-                    out.flush()
-                progress.update(1)
+        yield
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
@@ -244,6 +277,13 @@ def translate(
         kept = f"; {output} was not written" if output else ""
         typer.echo(f"mtrain: interrupted{kept}", err=True)
         raise typer.Exit(130) from None
+
+
+def check_arguments(texts: list[str]) -> None:
+    """Refuse a sentence given as an argument that is not valid UTF-8, naming it."""
+    for number, text in enumerate(texts, 1):
+        if not is_utf8(text):
+            fail(f"argument {number}: not valid UTF-8")
 
 
 def check_output(output: Path, inputs: list[Path], run_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Matplotlib set-up shared by every figure: the Agg backend and a font with Chinese glyphs."""
+"""What every figure shares: the Agg backend, a font with Chinese glyphs, output formats, saving."""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig
+from mtrain.data import length_batches
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID
-from mtrain.translate import Translator, length_batches
+from mtrain.translator import Translator
 
 from .synthetic import number_pairs
 

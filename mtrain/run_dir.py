@@ -28,7 +28,7 @@ class CheckpointError(ValueError):
     """A run directory or checkpoint that cannot be used; the message names the file."""
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write a checkpoint atomically: a crash or a full disk leaves the previous file intact."""
     # Serialised in memory first: torch's writer turns a failed write (a full disk) into a
     # RuntimeError that no longer says why; a plain write raises the OSError that does.
@@ -50,8 +50,8 @@ def save_copy(src: Path, dst: Path) -> None:
     replace(tmp, dst)  # removes the link if the rename fails
 
 
-# The entries a checkpoint may hold (`Trainer.state`, `average`) and the type of each: a damaged
-# or foreign file is refused here, not deep inside a resume or an average.
+# The entries a checkpoint may hold (`TrainingState.state_dict`, `average_checkpoints`) and the
+# type of each: a damaged or foreign file is refused here, not deep inside a resume or an average.
 ENTRIES = {
     "model": dict,
     "step": int,
@@ -71,7 +71,7 @@ ENTRIES = {
 }
 
 
-def load(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load a checkpoint as plain tensors and containers; pickled code is refused."""
     try:
         f = path.open("rb")
@@ -146,13 +146,13 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("step-*.pt"))
 
 
-def average(paths: list[Path]) -> dict[str, Any]:
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """A checkpoint whose weights are the mean of the given checkpoints' weights.
 
     The checkpoints must come from one run (same tokenizer, same shapes); the result holds the
     model, the tokenizer fingerprint and the steps averaged, not the optimizer state.
     """
-    states = [load(path) for path in paths]
+    states = [load_checkpoint(path) for path in paths]
     first = states[0]["model"]
     for path, state in zip(paths[1:], states[1:]):
         check_tokenizer(path, state, states[0].get("tokenizer"))
@@ -207,7 +207,7 @@ def load_run(
     cfg = config_mod.load(config_path)
     tokenizer = Tokenizer.load(run_dir)
     path = resolve(run_dir, which)
-    state = load(path)
+    state = load_checkpoint(path)
     check_tokenizer(path, state, tokenizer.fingerprint())
     model = build_model(cfg, tokenizer)
     try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from mtrain.config import Config, DecodeConfig
-from mtrain.data import pad, source_ids
+from mtrain.data import length_batches, pad, source_ids
 from mtrain.decode import Hypothesis, Observer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize
@@ -34,20 +34,6 @@ class Inspection:
     translations: list[Translation]
 
 
-def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Indices sorted by length, cut into batches of at most `batch_tokens` padded tokens."""
-    batches, current, longest = [], [], 0
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        longest = max(longest, lengths[i])
-        if current and (len(current) + 1) * longest > batch_tokens:
-            batches.append(current)
-            current, longest = [], lengths[i]
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
 class Translator:
     """Translates sentences with a trained model; output never depends on how input is batched."""
 
@@ -65,10 +51,15 @@ class Translator:
         self.decode = decode or cfg.decode
         self.nbest, self.use_cache = nbest, use_cache
 
+    def _limits(self, src: torch.Tensor) -> torch.Tensor:
+        """(B,) the most tokens each sentence of a (B, S) batch may translate to."""
+        d = self.decode
+        return length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+
     def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
         self.model.eval()
         d = self.decode
-        limits = length_limits(src, d.max_len_ratio, d.max_len_offset, self.cfg.data.max_tgt_len)
+        limits = self._limits(src)
         if d.beam_size == 1 and self.nbest == 1:
             out = greedy(self.model, src, limits, self.use_cache, observe)
             return [[Hypothesis(tokens, None)] for tokens in out]

@@ -10,13 +10,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mtrain import plots, train
+from mtrain import train
 from mtrain.cli import app, main
-from mtrain.figures import cjk_font_path, save, use_cjk_font
-from mtrain.model import causal_mask, padding_mask
-from mtrain.tokenizer import PAD_ID
+from mtrain.figures.common import cjk_font_path, save, use_cjk_font
+from mtrain.figures.curves import draw_curves
+from mtrain.figures.masks import draw_masks, mask_inputs
+from mtrain.figures.positional import draw_positional
 
-from .synthetic import small_config
+from .synthetic import small_config, small_model
 
 CPU = torch.device("cpu")
 
@@ -86,7 +87,7 @@ def test_curves_of_two_runs(two_runs, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(tmp_path / "c.png")
-    fig = plots.curves(two_runs)
+    fig = draw_curves(two_runs)
     assert {"lr-3e-3", "lr-1e-3"} <= set(_texts(fig))
     _assert_every_glyph(fig)
     _assert_png(save(fig, tmp_path / "curves.png"), (11, 12))
@@ -99,7 +100,7 @@ def test_curves_of_a_run_logged_before_train_jsonl(two_runs, tmp_path):
     # Older validation records had no "event" key, and there was no train.jsonl.
     stripped = [{k: v for k, v in json.loads(r).items() if k != "event"} for r in records]
     (old / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stripped))
-    fig = plots.curves([old])
+    fig = draw_curves([old])
     assert any("not logged" in t for t in _texts(fig))
 
 
@@ -114,7 +115,7 @@ def test_curves_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
 
 def test_positional_heatmap_is_the_models_encoding(tmp_path):
     d_model, max_len = 16, 12
-    fig = plots.positional(d_model, max_len)
+    fig = draw_positional(d_model, max_len)
     heatmap = fig.axes[0].images[0].get_array()  # (positions, dimensions), sin dims first
     for pos in range(max_len):
         for i in range(d_model // 2):
@@ -125,25 +126,50 @@ def test_positional_heatmap_is_the_models_encoding(tmp_path):
     _assert_png(save(fig, tmp_path / "p.png"), (14, 5.2))
 
 
+def training_masks(model, src: torch.Tensor, tgt_in: torch.Tensor):
+    """The masks a training forward hands the first encoder and decoder self-attention."""
+    seen = {}
+
+    def keep(name):
+        def hook(module, args):
+            seen[name] = args[2]  # MultiHeadAttention.forward(query, key_value, mask)
+
+        return hook
+
+    hooks = [
+        model.encoder.layers[0].self_attn.register_forward_pre_hook(keep("encoder")),
+        model.decoder.layers[0].self_attn.register_forward_pre_hook(keep("decoder")),
+    ]
+    try:
+        model.train()(src, tgt_in)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen["encoder"], seen["decoder"]  # (B, 1, 1, S), (B, 1, T, T)
+
+
 def test_masks_are_the_training_masks_and_labels_have_glyphs(tokenizer, tmp_path):
     sources, targets = ["一二三", "四五六七八九"], ["one two three", "four five"]
     src_ids, tgt_ids = tokenizer.encode_src(sources), tokenizer.encode_tgt(targets)
-    inputs = plots.mask_inputs(
+    inputs = mask_inputs(
         src_ids,
         [[tokenizer.src.id_to_piece(i) for i in ids] for ids in src_ids],
         tgt_ids,
         [[tokenizer.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids],
         max_src_len=32,
     )
-    fig = plots.masks(inputs)
+    fig = draw_masks(inputs)
     batch = inputs.batch
     src_panel, causal_panel, *decoder_panels = fig.axes
-    expected_src = padding_mask(batch.src, PAD_ID)[:, 0, 0, :]
+    model = small_model(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    encoder_mask, decoder = training_masks(model, batch.src, batch.tgt_in)
+    expected_src = encoder_mask[:, 0, 0, :]
     assert not expected_src.all()  # the shorter sentence is padded
     assert (src_panel.images[0].get_array() == expected_src.numpy()).all()
     length = batch.tgt_in.size(1)
-    assert (causal_panel.images[0].get_array() == causal_mask(length, CPU)[0, 0].numpy()).all()
-    decoder = padding_mask(batch.tgt_in, PAD_ID) & causal_mask(length, CPU)
+    lookahead = torch.tensor([[key <= query for key in range(length)] for query in range(length)])
+    assert (causal_panel.images[0].get_array() == lookahead.numpy()).all()
+    assert len(decoder_panels) == len(sources)
     for i, panel in enumerate(decoder_panels):
         assert (panel.images[0].get_array() == decoder[i, 0].numpy()).all()
     assert "▁一" in "".join(_texts(fig)) or "一" in "".join(_texts(fig))
