@@ -1,4 +1,5 @@
-"""A prepared training corpus, memory-mapped, and the seeded stream of token batches over it.
+"""A prepared training corpus, read from disk a batch at a time, and the seeded stream of
+token batches over it.
 
 Batching needs only the lengths arrays (4 bytes a pair); the token ids and their offsets stay
 on disk, read a batch at a time, so memory does not grow with the corpus.
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mtrain.corpus import DataError
 from mtrain.data import Batch, token_batches
 from mtrain.prepare import MANIFEST
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -53,26 +56,29 @@ class TokenFile:
 
     def __init__(self, directory: Path, side: str, dtype: np.dtype):
         self.dtype = dtype
-        offsets = np.load(directory / f"{side}_offsets.npy", mmap_mode="r")
+        path = directory / f"{side}_offsets.npy"
+        offsets = np.load(path, mmap_mode="r")
         if offsets.dtype != np.int64:
-            raise ValueError(f"{directory}/{side}_offsets.npy: expected int64 offsets")
+            raise DataError(f"{path}: expected int64 offsets, found {offsets.dtype}")
         self.header = offsets.offset  # bytes before the first offset
         del offsets
-        self.offsets = (directory / f"{side}_offsets.npy").open("rb", buffering=0)
-        self.tokens = (directory / f"{side}.bin").open("rb", buffering=0)
+        self.offsets = os.open(path, os.O_RDONLY)
+        self.tokens = os.open(directory / f"{side}.bin", os.O_RDONLY)
+        weakref.finalize(self, _close, self.offsets, self.tokens)
 
     def padded(self, indices: np.ndarray, lengths: np.ndarray, extra: int = 0) -> torch.Tensor:
         """(B, max length + extra) long tensor of the sequences `indices`, padded with PAD_ID."""
         size = self.dtype.itemsize
         out = np.full((len(indices), int(lengths.max()) + extra), PAD_ID, np.int64)
         for row, (i, n) in enumerate(zip(indices.tolist(), lengths.tolist())):
-            start = int.from_bytes(
-                os.pread(self.offsets.fileno(), 8, self.header + 8 * i), "little"
-            )
-            out[row, :n] = np.frombuffer(
-                os.pread(self.tokens.fileno(), n * size, start * size), self.dtype
-            )
+            start = int.from_bytes(os.pread(self.offsets, 8, self.header + 8 * i), "little")
+            out[row, :n] = np.frombuffer(os.pread(self.tokens, n * size, start * size), self.dtype)
         return torch.from_numpy(out)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def drop_final_punctuation(src: torch.Tensor, punctuation: torch.Tensor, p: float) -> torch.Tensor:

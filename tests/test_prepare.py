@@ -62,6 +62,17 @@ def test_prepared_pairs_are_the_in_memory_encoding(corpus, tmp_path):
         assert a.tolist() == b[:, : a.shape[1]].tolist() and (b[:, a.shape[1] :] == 0).all()
 
 
+def test_training_reads_token_files_without_mapping_them(corpus, tmp_path):
+    """Random reads of a memory map keep their neighbourhood resident: a long run over a big
+    corpus would come to hold all of it. Batches are read with pread instead."""
+    prepared = TokenCorpus(prepare(cfg_for(corpus, tmp_path), workers=1))
+    batch = prepared.collate(np.arange(len(prepared))[::-3])
+    assert (batch.src != 0).any()
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        assert str(prepared.directory) not in maps.read_text()
+
+
 def test_compressed_files_and_file_pairs_prepare_the_same_bytes(tmp_path):
     pairs = number_pairs(300, seed=7)
     heldout = [("九九九九九九九", "nine nine nine nine nine nine nine")]
