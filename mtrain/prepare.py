@@ -1,5 +1,5 @@
 """Preparing training corpora once: clean, train the tokenizer on a sample, encode in parallel,
-and write flat memory-mapped token arrays that training reads without holding the corpus."""
+and write flat token arrays that training reads a batch at a time, without holding the corpus."""
 
 from __future__ import annotations
 

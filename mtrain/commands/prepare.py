@@ -20,7 +20,7 @@ def prepare(
         typer.Option("--set", help="Override one config key, e.g. --set data.max_len_ratio=3."),
     ] = None,
 ) -> None:
-    """Clean and encode the training corpora into memory-mapped token arrays; print their
+    """Clean and encode the training corpora into flat token arrays; print their
     directory.
 
     `mtrain train` does this by itself when the prepared corpus is missing or stale (a
