@@ -63,19 +63,25 @@ class Coordinator:
         return min(self.cfg.max_steps, planned)
 
     def plan(self, step: int, minutes: float) -> None:
-        """Once warmup is over, fix the step count the time budget allows, from the speed so
-        far (validations included), so the linear schedule reaches zero at the budget's end."""
-        if self.schedule is None or self.schedule.total is not None or step < self.cfg.warmup_steps:
+        """Once warmup is over, and again at every validation step, fix the step count the time
+        budget allows, from the speed so far (validations included), so that the linear
+        schedule reaches zero at the budget's end even if the machine's speed drifts."""
+        if self.schedule is None or step < self.cfg.warmup_steps:
+            return
+        if self.schedule.total is not None and step % self.cfg.eval_every:
             return
         done, took = step - self.started[0], minutes - self.started[1]
         left = self.budget - minutes - self.reserve
         planned = step + max(1, math.floor(done / max(took, 1e-9) * left))
-        self.schedule.total = self.group.broadcast(min(planned, self.cfg.max_steps))
+        planned = self.group.broadcast(min(planned, self.cfg.max_steps))
+        if planned == self.schedule.total:
+            return
+        self.schedule.replan(step, planned)
         if self.group.is_main:
             log.info(
                 "%.1f steps/min: the learning rate decays to 0 at step %d, the budget's end",
                 done / max(took, 1e-9),
-                self.schedule.total,
+                planned,
             )
 
     def next_action(self, step: int, minutes: float, updated: bool) -> str:

@@ -29,12 +29,15 @@ class LinearSchedule:
     to nearly 0 at update `total`, the run's last (budgeted training's best-known schedule).
 
     Under a time budget `total` is not known at first: the factor stays at 1 after warmup until
-    `plan` fixes it from the measured speed. LambdaLR keeps this object's attributes in its
-    state dict, so a resumed run decays exactly as the interrupted one would have.
+    `replan` fixes it from the measured speed, and each later `replan` (the machine got faster
+    or slower) goes on in a straight line from the factor reached to 0 at the new `total`.
+    LambdaLR keeps this object's attributes in its state dict, so a resumed run decays exactly
+    as the interrupted one would have.
     """
 
     def __init__(self, warmup: int, total: int | None):
         self.warmup, self.total = warmup, total
+        self.decay_from, self.decay_factor = warmup, 1.0  # where the current line starts
 
     def __call__(self, updates_done: int) -> float:
         update = updates_done + 1
@@ -42,7 +45,13 @@ class LinearSchedule:
             return update / self.warmup
         if self.total is None:
             return 1.0
-        return max(0.0, (self.total - update + 1) / max(1, self.total - self.warmup + 1))
+        left = (self.total - update + 1) / max(1, self.total - self.decay_from + 1)
+        return max(0.0, self.decay_factor * left)
+
+    def replan(self, updates_done: int, total: int) -> None:
+        """End at update `total` instead, from the factor of the next update onwards."""
+        self.decay_factor = self(updates_done)
+        self.decay_from, self.total = updates_done + 1, total
 
 
 def loss_fn(

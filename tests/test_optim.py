@@ -73,6 +73,33 @@ def test_the_budget_plan_ends_the_linear_decay_when_the_time_runs_out():
     coordinator.reserve = 1.0  # a validation takes a minute: keep room for the last one
     coordinator.plan(step=4, minutes=2.0)  # 2 steps a minute, 7 minutes left
     assert schedule.total == 4 + 14 == coordinator.last_step
-    coordinator.plan(step=5, minutes=2.1)  # fixed once
+    coordinator.plan(step=5, minutes=2.1)  # not a validation step: the plan stands
     assert schedule.total == 18
-    assert schedule(17) == pytest.approx(1 / 15) and schedule(18) == 0.0
+    assert schedule(4) == 1.0 and schedule(17) == pytest.approx(1 / 14) and schedule(18) == 0.0
+
+
+def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate():
+    cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, eval_every=2)
+    cfg.lr_schedule = "linear"
+    schedule = LinearSchedule(cfg.warmup_steps, None)
+    coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
+    coordinator.plan(step=4, minutes=2.0)  # 2 steps a minute, 8 minutes left
+    assert schedule.total == 20
+    planned = [schedule(n) for n in range(20)]  # 1 at update 5, 1/16 at update 20
+    coordinator.plan(step=7, minutes=5.0)  # not a validation step
+    assert schedule.total == 20
+    coordinator.plan(step=8, minutes=6.0)  # 8 steps in 6 minutes, 4 left: 5 more steps
+    assert schedule.total == 13 == coordinator.last_step
+    rates = [schedule(n) for n in range(8, 14)]  # updates 9 to 14: a straight line to 0
+    assert rates[0] == planned[8] == pytest.approx(12 / 16)  # no jump at the new plan
+    assert rates[-1] == 0.0 and rates[-2] > 0
+    steps = [a - b for a, b in itertools.pairwise(rates[:-1])]
+    assert steps == pytest.approx([steps[0]] * len(steps))
+
+    # A resumed run goes on along the same line.
+    budgeted = TrainConfig(lr=1.0, warmup_steps=4, max_minutes=5, lr_schedule="linear")
+    _, scheduler = build_optimizer(torch.nn.Linear(2, 2), budgeted)
+    scheduler.lr_lambdas[0].__dict__.update(schedule.__dict__)
+    _, resumed = build_optimizer(torch.nn.Linear(2, 2), budgeted)
+    resumed.load_state_dict(scheduler.state_dict())
+    assert [resumed.lr_lambdas[0](n) for n in range(8, 14)] == rates
