@@ -84,7 +84,8 @@ class TrainConfig:
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 1000
     # After warmup: inverse-square-root decay, or linear decay to 0 at the run's end (the
-    # end of the time budget, planned from the measured speed once warmup is over).
+    # end of the time budget, planned from the measured speed once warmup is over and again
+    # at every validation step).
     lr_schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
     label_smoothing: float = 0.1
     clip_norm: float = 1.0

@@ -32,7 +32,7 @@ class Coordinator:
         self.budget = cfg.max_minutes or math.inf
         # The learning rate's end under a linear schedule: where the run ends too.
         self.schedule = schedule if isinstance(schedule, LinearSchedule) else None
-        self.started = (step, minutes)  # where this process began: the speed is measured since
+        self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
         self.stop_requested = False
@@ -64,13 +64,14 @@ class Coordinator:
 
     def plan(self, step: int, minutes: float) -> None:
         """Once warmup is over, and again at every validation step, fix the step count the time
-        budget allows, from the speed so far (validations included), so that the linear
-        schedule reaches zero at the budget's end even if the machine's speed drifts."""
+        budget allows, from the speed since the last plan (its validation included), so that
+        the linear schedule reaches zero at the budget's end even if the machine's speed drifts."""
         if self.schedule is None or step < self.cfg.warmup_steps:
             return
         if self.schedule.total is not None and step % self.cfg.eval_every:
             return
-        done, took = step - self.started[0], minutes - self.started[1]
+        done, took = step - self.measured_from[0], minutes - self.measured_from[1]
+        self.measured_from = (step, minutes)
         left = self.budget - minutes - self.reserve
         planned = step + max(1, math.floor(done / max(took, 1e-9) * left))
         planned = self.group.broadcast(min(planned, self.cfg.max_steps))

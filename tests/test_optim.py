@@ -88,9 +88,9 @@ def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate()
     planned = [schedule(n) for n in range(20)]  # 1 at update 5, 1/16 at update 20
     coordinator.plan(step=7, minutes=5.0)  # not a validation step
     assert schedule.total == 20
-    coordinator.plan(step=8, minutes=6.0)  # 8 steps in 6 minutes, 4 left: 5 more steps
-    assert schedule.total == 13 == coordinator.last_step
-    rates = [schedule(n) for n in range(8, 14)]  # updates 9 to 14: a straight line to 0
+    coordinator.plan(step=8, minutes=6.0)  # 4 steps in the last 4 minutes, 4 left: 4 more
+    assert schedule.total == 12 == coordinator.last_step
+    rates = [schedule(n) for n in range(8, 13)]  # updates 9 to 13: a straight line to 0
     assert rates[0] == planned[8] == pytest.approx(12 / 16)  # no jump at the new plan
     assert rates[-1] == 0.0 and rates[-2] > 0
     steps = [a - b for a, b in itertools.pairwise(rates[:-1])]
@@ -102,4 +102,4 @@ def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate()
     scheduler.lr_lambdas[0].__dict__.update(schedule.__dict__)
     _, resumed = build_optimizer(torch.nn.Linear(2, 2), budgeted)
     resumed.load_state_dict(scheduler.state_dict())
-    assert [resumed.lr_lambdas[0](n) for n in range(8, 14)] == rates
+    assert [resumed.lr_lambdas[0](n) for n in range(8, 13)] == rates
