@@ -5,7 +5,8 @@
     python scripts/bench_decode.py --run runs/NAME --ctranslate2 [--threads N]
 
 Modes: greedy without the key/value cache and with it, at batch 1 and at the configured batch;
-beam 4; greedy with dynamic int8 quantization. Prints one line per mode (and BLEU with --bleu).
+beam search with the run's beam size and length penalty; greedy with dynamic int8
+quantization. Prints one line per mode (and BLEU with --bleu).
 
 With --long-outputs N, instead: N random sources decoded one at a time (batch 1), greedy
 without and with the cache, each output forced to a length drawn from 40-64 pieces (the model's
@@ -175,14 +176,13 @@ def main() -> None:
         return side_by_side(args.run, cfg, tokenizer, model.cpu(), sources, refs)
     batch1 = dataclasses.replace(cfg.decode, batch_tokens=1, beam_size=1)
     greedy_cfg = dataclasses.replace(cfg.decode, beam_size=1)
-    beam4 = dataclasses.replace(cfg.decode, beam_size=4)
     batch = f"batch {greedy_cfg.batch_tokens} tok"
     modes = [  # name, model, decoding options, use the key/value cache
         ("greedy, no cache, batch 1", model, batch1, False),
         ("greedy, cache, batch 1", model, batch1, True),
         (f"greedy, no cache, {batch}", model, greedy_cfg, False),
         (f"greedy, cache, {batch}", model, greedy_cfg, True),
-        (f"beam 4, cache, {batch}", model, beam4, True),
+        (f"beam {cfg.decode.beam_size} (the run's), cache, {batch}", model, cfg.decode, True),
     ]
     if device.type == "cpu":
         modes.append(

@@ -80,7 +80,6 @@ def test_the_budget_plan_ends_the_linear_decay_when_the_time_runs_out():
 
 def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate():
     cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, eval_every=2)
-    cfg.lr_schedule = "linear"
     schedule = LinearSchedule(cfg.warmup_steps, None)
     coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
     coordinator.plan(step=4, minutes=2.0)  # 2 steps a minute, 8 minutes left
