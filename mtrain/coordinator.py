@@ -66,8 +66,8 @@ class Coordinator:
         """Once warmup is over, and again at every validation step, fix the step count the time
         budget allows, from the speed since the last plan (its validation included), so that
         the linear schedule reaches zero at the budget's end even if the machine's speed drifts."""
-        if self.schedule is None or step < self.cfg.warmup_steps:
-            return
+        if self.schedule is None or self.budget == math.inf or step < self.cfg.warmup_steps:
+            return  # without a time budget the schedule ends at max_steps
         if self.schedule.total is not None and step % self.cfg.eval_every:
             return
         done, took = step - self.measured_from[0], minutes - self.measured_from[1]

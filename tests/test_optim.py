@@ -102,3 +102,12 @@ def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate()
     _, resumed = build_optimizer(torch.nn.Linear(2, 2), budgeted)
     resumed.load_state_dict(scheduler.state_dict())
     assert [resumed.lr_lambdas[0](n) for n in range(8, 13)] == rates
+
+
+def test_without_a_time_budget_the_linear_schedule_ends_at_max_steps():
+    cfg = TrainConfig(warmup_steps=4, max_steps=50, max_minutes=0, eval_every=2)
+    schedule = LinearSchedule(cfg.warmup_steps, cfg.max_steps)
+    coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
+    for step in range(1, 50):  # validation steps included: nothing to plan, nothing to raise
+        coordinator.plan(step, minutes=step / 10)
+    assert schedule.total == 50 == coordinator.last_step
