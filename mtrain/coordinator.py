@@ -72,8 +72,8 @@ class Coordinator:
             return
         done, took = step - self.measured_from[0], minutes - self.measured_from[1]
         self.measured_from = (step, minutes)
-        left = self.budget - minutes - self.reserve
-        planned = step + max(1, math.floor(done / max(took, 1e-9) * left))
+        rate, left = done / max(took, 1e-9), self.budget - minutes - self.reserve
+        planned = step + max(1, math.floor(rate * left))
         planned = self.group.broadcast(min(planned, self.cfg.max_steps))
         if planned == self.schedule.total:
             return
@@ -81,7 +81,7 @@ class Coordinator:
         if self.group.is_main:
             log.info(
                 "%.1f steps/min: the learning rate decays to 0 at step %d, the budget's end",
-                done / max(took, 1e-9),
+                rate,
                 planned,
             )
 
