@@ -128,7 +128,7 @@ def greedy(
             rows, prefix = rows[keep], prefix[keep]
             memory, src_mask = memory[keep], src_mask[keep]
             if cache is not None:
-                cache = [c.select(keep) for c in cache]
+                cache = cache.select(keep)
     return out
 
 
@@ -224,9 +224,9 @@ def beam_search(
             break
         if len(going) < len(rows) or width < k:  # each sentence's rows change: all state follows
             memory, src_mask = memory[select], src_mask[select]
-            cache = [c.select(select) for c in cache]
+            cache = cache.select(select)
         else:  # only hypotheses within sentences move; their cross-attention state is shared
-            cache = [c.reorder(select) for c in cache]
+            cache = cache.reorder(select)
         rows = [rows[i] for i in going]
         next_tokens = torch.tensor([[c.token] for c in beams], device=device)  # (b' * k, 1)
         tokens = torch.cat([tokens[select], next_tokens], dim=1)

@@ -64,7 +64,25 @@ def test_cached_logits_equal_full_recomputation_at_every_step(norm):
     for t in range(tgt_in.size(1)):
         step = model.decode(tgt_in[:, t : t + 1], memory, src_mask, cache)
         torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
-    assert cache[0].length == tgt_in.size(1)
+    assert cache.length == tgt_in.size(1)
+
+
+def test_the_cache_follows_output_weights_changed_in_place():
+    """The cache's transposed output weight is kept between searches, but never goes stale."""
+    model = random_model().eval()
+    memory, src_mask = model.encode(sources())
+    first = torch.full((3, 1), BOS_ID)
+    kept = model.start_cache(memory).output_weight
+    assert model.start_cache(memory).output_weight is kept  # not transposed again
+    for change in range(2):  # a training step's in-place update, then a load's
+        with torch.no_grad():
+            if change == 0:
+                model.output_projection.weight.mul_(1.5)  # tied: the target embeddings too
+            else:
+                model.load_state_dict(random_model(seed=1).state_dict())
+        with torch.inference_mode():  # as the searches run
+            cached = model.decode(first, memory, src_mask, model.start_cache(memory))
+        torch.testing.assert_close(cached, model.decode(first, memory, src_mask))
 
 
 def test_preallocated_cache_equals_recomputation_over_long_outputs():
@@ -80,14 +98,15 @@ def test_preallocated_cache_equals_recomputation_over_long_outputs():
     memory, src_mask = model.encode(src)
     full = model.decode(tgt_in, memory, src_mask)  # (B, 64, V)
     cache = model.start_cache(memory)
-    buffers = [(c.self_k.data_ptr(), c.self_v.data_ptr()) for c in cache]
+    buffers = [(c.self_k.data_ptr(), c.self_v.data_ptr()) for c in cache.layers]
     t = 0
     for chunk in (1, 1, 5, 1, 56):  # one position at a time, and several at once
         step = model.decode(tgt_in[:, t : t + chunk], memory, src_mask, cache)
         torch.testing.assert_close(step, full[:, t : t + chunk], atol=1e-5, rtol=1e-5)
         t += chunk
-    assert cache[0].length == 64
-    assert [(c.self_k.data_ptr(), c.self_v.data_ptr()) for c in cache] == buffers  # no copies
+    assert cache.length == 64
+    # no copies
+    assert [(c.self_k.data_ptr(), c.self_v.data_ptr()) for c in cache.layers] == buffers
     short = model.start_cache(memory, max_len=4)
     with pytest.raises(ValueError, match="holds 4 positions, not 5"):
         model.decode(tgt_in[:, :5], memory, src_mask, short)
