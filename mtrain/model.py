@@ -389,8 +389,10 @@ class Transformer(nn.Module):
     def _output_weight_t(self) -> torch.Tensor | None:
         """The output projection's weight as (d_model, tgt_vocab), for `DecoderCache`.
 
-        Transposing it costs as much as a few decoding steps, so the copy is kept, and made
-        again only when the weight has moved or changed in place (its version counter).
+        Transposing it costs as much as a few decoding steps, so the copy is kept between
+        searches. It is made again after `train()` (every training update calls it: a fused
+        optimizer changes weights without bumping their version counters) and when the weight
+        has moved or changed in place (`load_state_dict`, `.to()`).
         """
         weight = self.output_projection.weight  # a method, not a tensor, once quantized
         if not torch.is_tensor(weight):
@@ -400,6 +402,11 @@ class Transformer(nn.Module):
             with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference
                 self._transposed = (key, weight.t().contiguous())
         return self._transposed[1]
+
+    def train(self, mode: bool = True) -> Transformer:
+        if mode:  # the weights are about to change: `_output_weight_t` must not keep its copy
+            self._transposed = None
+        return super().train(mode)
 
     def decode(
         self,

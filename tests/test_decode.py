@@ -68,21 +68,35 @@ def test_cached_logits_equal_full_recomputation_at_every_step(norm):
 
 
 def test_the_cache_follows_output_weights_changed_in_place():
-    """The cache's transposed output weight is kept between searches, but never goes stale."""
-    model = random_model().eval()
-    memory, src_mask = model.encode(sources())
-    first = torch.full((3, 1), BOS_ID)
-    kept = model.start_cache(memory).output_weight
-    assert model.start_cache(memory).output_weight is kept  # not transposed again
-    for change in range(2):  # a training step's in-place update, then a load's
+    """The cache's transposed output weight is kept between searches, but never goes stale:
+    not after a training update (fused AdamW, as `mtrain train`, leaves version counters as
+    they were), a load, or an in-place edit."""
+    model = random_model()
+    src, first = sources(), torch.full((3, 1), BOS_ID)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+
+    def update():  # as update_step: train(), then a step
+        model.train()
+        model(src, first).square().mean().backward()
+        optimizer.step()
+
+    def load():
+        model.load_state_dict(random_model(seed=1).state_dict())
+
+    def edit():
         with torch.no_grad():
-            if change == 0:
-                model.output_projection.weight.mul_(1.5)  # tied: the target embeddings too
-            else:
-                model.load_state_dict(random_model(seed=1).state_dict())
+            model.output_projection.weight.mul_(1.5)  # tied: the target embeddings too
+
+    model.eval()
+    kept = model.start_cache(model.encode(src)[0]).output_weight
+    assert model.start_cache(model.encode(src)[0]).output_weight is kept  # not made again
+    for change in (update, load, edit):
+        change()
+        model.eval()
         with torch.inference_mode():  # as the searches run
+            memory, src_mask = model.encode(src)
             cached = model.decode(first, memory, src_mask, model.start_cache(memory))
-        torch.testing.assert_close(cached, model.decode(first, memory, src_mask))
+            torch.testing.assert_close(cached, model.decode(first, memory, src_mask))
 
 
 def test_preallocated_cache_equals_recomputation_over_long_outputs():
