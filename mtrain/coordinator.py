@@ -32,6 +32,10 @@ class Coordinator:
         self.budget = cfg.max_minutes or math.inf
         # The learning rate's end under a linear schedule: where the run ends too.
         self.schedule = schedule if isinstance(schedule, LinearSchedule) else None
+        total = self.schedule.total if self.schedule else None
+        if self.budget == math.inf and total and total != cfg.max_steps > step < total:
+            # Resumed with another max_steps: decay from the rate reached to 0 there instead.
+            self.schedule.replan(step, cfg.max_steps)
         self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
@@ -71,6 +75,8 @@ class Coordinator:
         if self.schedule.total is not None and step % self.cfg.eval_every:
             return
         done, took = step - self.measured_from[0], minutes - self.measured_from[1]
+        if done < max(1, min(self.cfg.warmup_steps, self.cfg.eval_every) // 2):
+            return  # too few updates to time (just resumed, or an update was skipped): no plan
         self.measured_from = (step, minutes)
         rate, left = done / max(took, 1e-9), self.budget - minutes - self.reserve
         planned = step + max(1, math.floor(rate * left))
@@ -84,6 +90,22 @@ class Coordinator:
                 rate,
                 planned,
             )
+
+    def limits(self) -> dict[str, float]:
+        """The run's limits, as a finished run records them (no time budget: infinite)."""
+        return {"max_steps": self.cfg.max_steps, "max_minutes": self.budget}
+
+    def ended(self, step: int, minutes: float, stale: int) -> str | None:
+        """Why a run at `step` after `minutes` is over, in words; None while it goes on."""
+        if step >= self.cfg.max_steps:
+            return f"train.max_steps is {self.cfg.max_steps}"
+        if self.schedule and self.schedule.total is not None and step >= self.schedule.total:
+            return f"the linear learning-rate schedule reached 0 at step {self.schedule.total}"
+        if minutes + self.reserve >= self.budget:
+            return f"train.max_minutes ({self.cfg.max_minutes:g}) is spent"
+        if self.cfg.patience and stale >= self.cfg.patience:
+            return f"dev BLEU did not improve in {stale} validations (train.patience)"
+        return None
 
     def next_action(self, step: int, minutes: float, updated: bool) -> str:
         """What every process does after an update, as rank 0 decides; `updated` is false

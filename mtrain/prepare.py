@@ -85,13 +85,15 @@ def identity(manifest: dict) -> dict:
 
 
 def data_digests(manifest: dict) -> dict[str, str]:
-    """A hash of the training files' contents and one of the dev files', for checkpoints; a
-    single file's is its own SHA-256, as checkpoints recorded before corpora were prepared."""
+    """A hash of the training files' contents, one of the dev files' and one of the test
+    files' (training pairs whose source is a dev or test source are dropped), for checkpoints;
+    a single file's is its own SHA-256, as checkpoints recorded before corpora were prepared."""
     n_train, n_dev = manifest["train_files"], manifest["dev_files"]
     digests = {}
     for key, inputs in (
         ("train", manifest["inputs"][:n_train]),
         ("dev", manifest["inputs"][n_train : n_train + n_dev]),
+        ("test", manifest["inputs"][n_train + n_dev :]),
     ):
         hashes = [i["sha256"] for i in inputs]
         digests[key] = hashes[0] if len(hashes) == 1 else _sha256("".join(hashes))

@@ -3,14 +3,18 @@ early stopping or a signal ends it; then the average of the last checkpoints."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from mtrain import runtime
+from mtrain.config import ConfigError
 from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator
 from mtrain.training_log import RunLog, run_log
 
 if TYPE_CHECKING:
     from mtrain.train import Trainer
+
+log = logging.getLogger(__name__)
 
 
 class RunWriteError(OSError):
@@ -34,6 +38,8 @@ def run(trainer: Trainer) -> float:
     tcfg, main = trainer.cfg.train, trainer.group.is_main
     schedule = trainer.state.scheduler.lr_lambdas[0]
     coordinator = Coordinator(tcfg, trainer.group, trainer.step, trainer.minutes(), schedule)
+    if finished_before(trainer, coordinator):
+        return trainer.state.best_bleu
     # Under a time budget the step count is unknown: show no misleading ETA.
     total = None if tcfg.max_minutes else tcfg.max_steps
     try:
@@ -44,6 +50,12 @@ def run(trainer: Trainer) -> float:
             train_updates(trainer, coordinator, logs)
             if tcfg.average_last and main:
                 validate_average(trainer, logs)
+            if main:  # a later start with the same limits leaves the run as it is
+                reason = coordinator.ended(trainer.step, trainer.minutes(), trainer.state.stale)
+                trainer.checkpoints.mark_finished(
+                    {"reason": reason or "it ended", **coordinator.limits()},
+                    trainer.state.best_bleu,
+                )
     except OSError as e:  # a full disk, a file system gone read-only
         where = e.filename or f"into {trainer.run_dir}"
         kept = trainer.checkpoints.kept()
@@ -51,15 +63,41 @@ def run(trainer: Trainer) -> float:
     return trainer.state.best_bleu
 
 
+def finished_before(trainer: Trainer, coordinator: Coordinator) -> bool:
+    """Whether the run resumed had finished, and its limits were not raised: nothing to do.
+    A run whose linear schedule reached 0 cannot train on: raising its limits is refused."""
+    finished, limits = trainer.state.finished, coordinator.limits()
+    if not finished:
+        return False
+    raised = any(limits[key] > finished[key] for key in limits)
+    schedule = coordinator.schedule
+    if raised and schedule and schedule.total is not None and trainer.step >= schedule.total:
+        raise ConfigError(
+            f"{trainer.run_dir}: its learning rate reached 0 at step {schedule.total} "
+            "(train.lr_schedule: linear), so raising train.max_steps or train.max_minutes "
+            "cannot train it on; train a new run (another --out)"
+        )
+    if not raised and trainer.group.is_main:
+        log.info(
+            "%s finished at step %d (%s); raise train.max_steps or train.max_minutes to train on",
+            trainer.run_dir,
+            trainer.step,
+            finished["reason"],
+        )
+    if raised:
+        trainer.state.finished = None
+    return not raised
+
+
 def train_updates(trainer: Trainer, coordinator: Coordinator, logs: RunLog) -> None:
     """Train update after update, validating and stopping as the coordinator says."""
     for update in trainer.updates():
         if trainer.step >= coordinator.last_step:
             break
+        lr = trainer.state.optimizer.param_groups[0]["lr"]  # this update's (the next's after)
         loss = trainer.train_step(update)
         coordinator.plan(trainer.step, trainer.minutes())
         if loss is not None:
-            lr = trainer.state.scheduler.get_last_lr()[0]
             logs.update(update, loss, trainer.step, trainer.minutes(), lr)
         action = coordinator.next_action(trainer.step, trainer.minutes(), loss is not None)
         if action == GO:
@@ -82,7 +120,11 @@ def validate_and_save(
 ) -> None:
     """Validate (rank 0), keep the best dev BLEU, write the checkpoints and log the scores."""
     state, began = trainer.state, trainer.minutes()
-    val = trainer.validate()
+    try:
+        val = trainer.validate()
+    except BaseException:  # out of memory, a second Ctrl-C: keep the updates since last.pt
+        trainer.checkpoints.save_last(trainer.state_dict(rng))
+        raise
     improved = val.dev_bleu > state.best_bleu
     state.best_bleu = max(state.best_bleu, val.dev_bleu)
     state.stale = 0 if improved else state.stale + 1
@@ -103,5 +145,5 @@ def validate_average(trainer: Trainer, logs: RunLog) -> None:
     improved = val.dev_bleu > trainer.state.best_bleu
     if improved:
         trainer.state.best_bleu = val.dev_bleu
-        trainer.checkpoints.make_average_best(val.dev_bleu)
+        trainer.checkpoints.make_average_best()
     logs.validation("average", val, improved, steps=averaged["steps"])

@@ -53,7 +53,7 @@ class TrainingData:
         self.corpus, self.tokenizer = prepared_corpus(cfg, run_dir, group, resume)
         # A resumed run must read the same data, or it would not continue the same run.
         self.fingerprints = data_digests(self.corpus.manifest)
-        self.paths = {"train": dcfg.train, "dev": dcfg.dev}
+        self.paths = {"train": dcfg.train, "dev": dcfg.dev, "test": dcfg.test}
         (dev,) = corpora(dcfg.dev, dcfg.swap_columns)
         dev_pairs = read_pairs(dev, dcfg.src_lang, dcfg.tgt_lang)
         if not any(s and t for s, t in dev_pairs):

@@ -52,6 +52,7 @@ class TrainingState:
     stale: int = 0  # validations since dev BLEU last improved
     skipped: int = 0  # updates skipped for running out of memory or a non-finite loss
     minutes_before: float = 0.0  # training time spent before a resume
+    finished: dict | None = None  # why the run ended, and its limits then; None while it goes on
 
     @classmethod
     def new(
@@ -81,6 +82,7 @@ class TrainingState:
             "stale": self.stale,
             "skipped": self.skipped,
             "minutes": minutes,
+            "finished": self.finished,
         }
 
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> None:
@@ -110,6 +112,7 @@ class TrainingState:
             self.best_bleu, self.stale = state["best_bleu"], state["stale"]
             self.minutes_before = state["minutes"]
             self.skipped = state["skipped"]
+            self.finished = state.get("finished")  # absent before mtrain recorded it
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             reason = " ".join(str(e).split())[:200]
             raise CheckpointError(f"{path}: cannot resume from it ({reason})") from None
@@ -151,11 +154,16 @@ class Checkpoints:
         save_checkpoint(self.run_dir / AVERAGED, state)
         return state
 
-    def make_average_best(self, dev_bleu: float) -> None:
-        """Make averaged.pt the best checkpoint, with dev BLEU `dev_bleu`."""
+    def make_average_best(self) -> None:
+        """Make averaged.pt the best checkpoint (`mark_finished` records its score)."""
         save_copy(self.run_dir / AVERAGED, self.run_dir / BEST)
-        # A resumed run compares with this score, or it could replace best.pt by a worse one.
-        save_checkpoint(self.last, {**load_checkpoint(self.last), "best_bleu": dev_bleu})
+
+    def mark_finished(self, finished: dict[str, Any], best_bleu: float) -> None:
+        """Record in last.pt that the run ended (`finished`: why, and the limits then: a later
+        start with the same limits has nothing to do), and the best dev BLEU, the average's
+        included (a resumed run compares with it, or could replace best.pt by a worse model)."""
+        state = load_checkpoint(self.last)
+        save_checkpoint(self.last, {**state, "best_bleu": best_bleu, "finished": finished})
 
     def kept(self) -> str:
         """What a failure leaves behind, for its message."""

@@ -91,6 +91,26 @@ def test_eval_default_test_split(run_dir):
     assert len(hyps) == 2000
 
 
+def test_eval_of_a_test_set_given_as_two_files(run_dir, tmp_path):
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    src, tgt = tmp_path / "test.zh", tmp_path / "test.en"
+    src.write_text("我是谁。\n今天是星期二。\n我是谁。\n", encoding="utf-8")
+    tgt.write_text("Who am I?\nToday is Tuesday.\nWhat am I?\n", encoding="utf-8")
+    cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    cfg["data"]["test"] = {"src": str(src), "tgt": str(tgt)}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    result = mtrain("eval", "--run", str(run), "--json")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(result.stdout)
+    assert scores["sentences"] == 2  # the repeated source, with both its references
+    assert Path(scores["hypotheses"]).name == "test.hyp.en"
+
+
 def test_eval_files_with_several_references(run_dir, tmp_path):
     src, ref1, ref2 = tmp_path / "src.zh", tmp_path / "ref1.en", tmp_path / "ref2.en"
     src.write_text("我是谁\n今天是星期二\n")

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 
+from mtrain.corpus import Corpus, read_pairs
 from mtrain.data import (
     Batch,
     DataError,
     Example,
     encode_pairs,
     group_references,
-    read_parallel,
     split_batches,
     token_batches,
 )
@@ -70,35 +70,39 @@ def test_groups_join_traditional_and_simplified():
     assert len(prepare_tatoeba.connected_groups(rows)) == 1
 
 
-def test_read_parallel_formats_and_normalisation(tmp_path):
+def test_read_pairs_formats_and_normalisation(tmp_path):
     two = tmp_path / "two.tsv"
     two.write_text("我是誰\tWho am I?\n\n今天  是星期二\tIt's Tuesday.\n", encoding="utf-8")
-    assert read_parallel(two, "zh", "en") == [
+    assert read_pairs(Corpus(two), "zh", "en") == [
         ("我是谁", "Who am I?"),
         ("今天 是星期二", "It's Tuesday."),
     ]
 
 
-def test_read_parallel_swapped_reads_the_second_text_column_as_source(tmp_path):
+def test_read_pairs_swapped_reads_the_second_text_column_as_source(tmp_path):
     two, four = tmp_path / "two.tsv", tmp_path / "four.tsv"
     two.write_text("我是誰\tWho am I?\n", encoding="utf-8")
     four.write_text("1\t我是誰\t10\tWho am I?\n", encoding="utf-8")
     for path in (two, four):
         # Each side is normalised for its own language: the Chinese target becomes simplified.
-        assert read_parallel(path, "en", "zh", swap=True) == [("Who am I?", "我是谁")]
+        assert read_pairs(Corpus(path, swap=True), "en", "zh") == [("Who am I?", "我是谁")]
 
 
-def test_read_parallel_errors_name_file_and_line(tmp_path):
+def test_read_pairs_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nonly one column\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"bad\.tsv:2: expected 2 or 4"):
-        read_parallel(bad, "zh", "en")
+        read_pairs(Corpus(bad), "zh", "en")
+    empty = tmp_path / "empty.tsv"  # an empty reference would be scored as one
+    empty.write_text("一\tone\n\n二\t \n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"empty\.tsv:3: the target is empty"):
+        read_pairs(Corpus(empty), "zh", "en")
     binary = tmp_path / "bin.tsv"
     binary.write_bytes(b"a\tb\nc\t\xff\xfe\n")
     with pytest.raises(DataError, match=r"bin\.tsv:2: not valid UTF-8"):
-        read_parallel(binary, "zh", "en")
+        read_pairs(Corpus(binary), "zh", "en")
     with pytest.raises(DataError, match="cannot read"):
-        read_parallel(tmp_path / "missing.tsv", "zh", "en")
+        read_pairs(Corpus(tmp_path / "missing.tsv"), "zh", "en")
 
 
 def test_group_references():

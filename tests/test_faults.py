@@ -79,6 +79,12 @@ def test_output_that_is_the_input_is_refused(run_dir, tmp_path):
     for output in (source, link):
         result = mtrain("translate", "--run", str(run_dir), "-i", str(source), "-o", str(output))
         one_line_error(result, "is the input file")
+        with source.open("rb") as stdin:  # mtrain translate -o f.zh < f.zh
+            command = [sys.executable, "-m", "mtrain", "translate", "--run", str(run_dir)]
+            result = subprocess.run(
+                [*command, "-o", str(output)], stdin=stdin, capture_output=True, cwd=REPO, env=ENV
+            )
+        one_line_error(result, "is the input file")
     assert source.read_text(encoding="utf-8") == "一二\n三\n"
 
 
@@ -176,16 +182,18 @@ def test_leftovers_of_a_killed_run_are_removed_at_start_up(run_dir, corpus, tmp_
     assert load_checkpoint(run / "last.pt")["step"] == 6
 
 
-def test_changed_training_data_is_refused_on_resume(corpus, tmp_path):
-    data = tmp_path / "train.tsv"
-    data.write_text(Path(corpus["train"]).read_text(encoding="utf-8"), encoding="utf-8")
+# The test split counts too: training pairs whose source is a test source are dropped.
+@pytest.mark.parametrize("key", ["train", "test"])
+def test_changed_training_data_is_refused_on_resume(corpus, tmp_path, key):
+    data = tmp_path / f"{key}.tsv"
+    data.write_text(Path(corpus[key]).read_text(encoding="utf-8"), encoding="utf-8")
     run = tmp_path / "run"
     run.mkdir()
-    cfg = small_config({**corpus, "train": str(data)}, max_steps=2, eval_every=2)
+    cfg = small_config({**corpus, key: str(data)}, max_steps=2, eval_every=2)
     train.Trainer(cfg, run, torch.device("cpu")).run()
     with data.open("a", encoding="utf-8") as f:
         f.write("一\tone\n")
-    with pytest.raises(CheckpointError, match=r"data\.train: .* changed since .*last\.pt"):
+    with pytest.raises(CheckpointError, match=rf"data\.{key}: .* changed since .*last\.pt"):
         train.Trainer(cfg, run, torch.device("cpu"), resume=True)
 
 

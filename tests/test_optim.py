@@ -111,3 +111,32 @@ def test_without_a_time_budget_the_linear_schedule_ends_at_max_steps():
     for step in range(1, 50):  # validation steps included: nothing to plan, nothing to raise
         coordinator.plan(step, minutes=step / 10)
     assert schedule.total == 50 == coordinator.last_step
+
+
+def test_a_plan_needs_updates_to_time_so_a_skipped_update_keeps_the_plan():
+    cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, eval_every=2)
+    schedule = LinearSchedule(cfg.warmup_steps, None)
+    coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
+    coordinator.plan(step=4, minutes=2.0)
+    assert schedule.total == 20
+    # The update after a validation step was skipped: the same step comes again, with no
+    # update done since the plan. Planning from no updates would end the run at the next step.
+    coordinator.plan(step=4, minutes=2.1)
+    assert schedule.total == 20 == coordinator.last_step
+
+
+def test_a_resumed_run_without_a_budget_decays_to_its_new_max_steps():
+    cfg = TrainConfig(warmup_steps=4, max_steps=10, max_minutes=0, lr_schedule="linear")
+    schedule = LinearSchedule(cfg.warmup_steps, cfg.max_steps)
+    reached = schedule(6)  # the factor of update 7, where the run was interrupted
+    raised = TrainConfig(warmup_steps=4, max_steps=20, max_minutes=0, lr_schedule="linear")
+    coordinator = Coordinator(raised, Group(), step=6, minutes=1.0, schedule=schedule)
+    assert schedule.total == 20 == coordinator.last_step
+    rates = [schedule(n) for n in range(6, 21)]
+    assert rates[0] == reached and rates[-2] > 0 and rates[-1] == 0.0
+    steps = [a - b for a, b in itertools.pairwise(rates[:-1])]
+    assert steps == pytest.approx([steps[0]] * len(steps))
+    # The same limit again changes nothing: a resume equals the uninterrupted run.
+    before = dict(schedule.__dict__)
+    Coordinator(raised, Group(), step=8, minutes=1.0, schedule=schedule)
+    assert schedule.__dict__ == before

@@ -245,3 +245,74 @@ def test_second_interrupt_stops_at_once_without_corrupting_checkpoints(corpus, t
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert load_checkpoint(run / "last.pt")["step"] > 0
+
+
+def test_a_finished_run_started_again_is_left_as_it_is(corpus, tmp_path):
+    settings = overrides(corpus, max_steps=12, eval_every=4, keep_last=2, average_last=2)
+    run = tmp_path / "run"
+    first = subprocess.run(mtrain_train(run, settings), cwd=REPO, env=ENV, capture_output=True)
+    assert first.returncode == 0, first.stderr
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    again = subprocess.run(
+        mtrain_train(run, settings), cwd=REPO, env=ENV, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    assert "finished at step 12 (train.max_steps is 12)" in again.stderr
+    assert again.stdout.strip() == str(run)
+    unchanged = {"last.pt", "best.pt", "averaged.pt", "metrics.jsonl", "train.jsonl"}
+    assert {p.name for p in run.iterdir() if p.is_file()} == set(files)
+    for name in unchanged & set(files):
+        assert (run / name).read_bytes() == files[name], name
+
+    # Raised limits train on, from where it ended.
+    more = subprocess.run(
+        mtrain_train(run, [*settings, "train.max_steps=16"]),
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert more.returncode == 0, more.stderr
+    assert load_checkpoint(run / "last.pt")["step"] == 16
+
+
+def test_a_linear_schedule_that_reached_zero_cannot_be_raised(corpus, tmp_path):
+    settings = overrides(corpus, max_steps=8, eval_every=4, lr_schedule="linear", warmup_steps=2)
+    run = tmp_path / "run"
+    first = subprocess.run(mtrain_train(run, settings), cwd=REPO, env=ENV, capture_output=True)
+    assert first.returncode == 0, first.stderr
+    before = (run / "last.pt").read_bytes()
+    raised = subprocess.run(
+        mtrain_train(run, [*settings, "train.max_steps=16"]),
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert raised.returncode == 2
+    assert "learning rate reached 0 at step 8" in raised.stderr
+    assert raised.stderr.strip().splitlines()[-1].startswith("mtrain: error: ")
+    assert "Traceback" not in raised.stderr
+    assert (run / "last.pt").read_bytes() == before
+
+
+def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
+    trainer = train.Trainer(
+        small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu")
+    )
+    real_validate, calls = trainer.validate, []
+
+    def validate():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory while decoding the dev set")
+        return real_validate()
+
+    trainer.validate = validate
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trainer.run()
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 10
+    resumed = train.Trainer(
+        small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu"), resume=True
+    )
+    assert resumed.step == 10

@@ -23,7 +23,8 @@ from mtrain.commands.common import (
     run_directory,
     setup_logging,
 )
-from mtrain.data import group_references, read_lines, read_parallel
+from mtrain.corpus import corpora, read_pairs
+from mtrain.data import group_references, read_lines
 from mtrain.evaluate import score
 from mtrain.files import DirectoryLock, write_atomic
 from mtrain.run_dir import (
@@ -72,11 +73,12 @@ def evaluate(
         fail("--src and --ref go together")
     run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which)
     if src is None:
-        test = Path(cfg.data.test)
+        (test,) = corpora(cfg.data.test, cfg.data.swap_columns)  # a TSV file or {src, tgt}
         sources, references = group_references(
-            read_parallel(test, cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns)
+            read_pairs(test, cfg.data.src_lang, cfg.data.tgt_lang)
         )
-        hyp_path, source_name = run_dir / f"{test.stem}.hyp.{cfg.data.tgt_lang}", test
+        hyp_path = run_dir / f"{test.path.stem}.hyp.{cfg.data.tgt_lang}"
+        source_name = test.path
     else:
         sources, references = read_test_files(src, ref)
         hyp_path, source_name = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}", src

@@ -214,7 +214,8 @@ def translate(
     else:
         run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
     if output is not None:
-        check_output(output, [input_path] if input_path else [], run_dir)
+        from_stdin = not texts and not input_path
+        check_output(output, [input_path] if input_path else [], run_dir, from_stdin)
     check_arguments(texts or [])
     if attention:
         attention.mkdir(parents=True, exist_ok=True)
@@ -286,19 +287,31 @@ def check_arguments(texts: list[str]) -> None:
             fail(f"argument {number}: not valid UTF-8")
 
 
-def check_output(output: Path, inputs: list[Path], run_dir: Path) -> None:
+def check_output(output: Path, inputs: list[Path], run_dir: Path, from_stdin: bool) -> None:
     """Refuse an --output that cannot be written, or that would overwrite what is being read:
-    the input, or a file of the run (model, tokenizer, config)."""
+    the input (a file, or a file redirected to stdin), or a file of the run (model, tokenizer,
+    config)."""
     if output.is_dir():
         fail(f"--output {output}: is a directory")
     if not output.parent.is_dir():
         fail(f"--output {output}: no such directory {output.parent}")
     if not output.exists():
         return
-    if any(output.samefile(path) for path in inputs):
+    stdin = stdin_stat() if from_stdin else None
+    if any(output.samefile(p) for p in inputs) or (
+        stdin and os.path.samestat(stdin, output.stat())
+    ):
         fail(f"--output {output}: is the input file; write the translations elsewhere")
     if any(output.samefile(path) for path in run_dir.iterdir() if path.is_file()):
         fail(f"--output {output}: is a file of the run {run_dir}; write the translations elsewhere")
+
+
+def stdin_stat() -> os.stat_result | None:
+    """What standard input is (a file redirected to it has its device and inode), if open."""
+    try:
+        return os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # no stdin at all, or closed
+        return None
 
 
 def is_utf8(text: str) -> bool:
