@@ -33,7 +33,8 @@ class Coordinator:
         # The learning rate's end under a linear schedule: where the run ends too.
         self.schedule = schedule if isinstance(schedule, LinearSchedule) else None
         total = self.schedule.total if self.schedule else None
-        if self.budget == math.inf and total and total != cfg.max_steps > step < total:
+        new_end = total and total != cfg.max_steps and step < min(total, cfg.max_steps)
+        if self.budget == math.inf and new_end:
             # Resumed with another max_steps: decay from the rate reached to 0 there instead.
             self.schedule.replan(step, cfg.max_steps)
         self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
