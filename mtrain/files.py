@@ -95,16 +95,33 @@ def write_atomic(path: Path, data: bytes | memoryview | str) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
-# Temporary files of `tmp_path`, and `NAME.pt.tmp` of earlier mtrain versions: nothing else.
-LEFTOVER = re.compile(r"\..+\.\d+\.tmp|.+\.pt\.tmp")
+# Temporary files of `tmp_path` (group 1: the writer's pid), and `NAME.pt.tmp` of earlier mtrain
+# versions: nothing else.
+LEFTOVER = re.compile(r"\..+\.(\d+)\.tmp|.+\.pt\.tmp")
 
 
 def remove_leftovers(directory: Path) -> list[Path]:
-    """Delete the temporary files a killed process left in `directory`; return them."""
-    leftovers = sorted(p for p in directory.iterdir() if LEFTOVER.fullmatch(p.name))
+    """Delete the temporary files a killed process left in `directory`; return them. A file
+    whose writer still runs (`mtrain translate -o RUN/out.txt`, say) is its own, and stays."""
+    leftovers = []
+    for path in sorted(directory.iterdir()):
+        match = LEFTOVER.fullmatch(path.name)
+        if match and not (match[1] and is_running(int(match[1]))):
+            leftovers.append(path)
     for path in leftovers:
         path.unlink(missing_ok=True)
     return leftovers
+
+
+def is_running(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine."""
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, the pid is only checked
+    except PermissionError:  # another user's process
+        return True
+    except (ProcessLookupError, OverflowError):  # none has it; a number too large to be a pid
+        return False
+    return True
 
 
 class DirectoryLocked(RuntimeError):

@@ -174,11 +174,16 @@ def test_leftovers_of_a_killed_run_are_removed_at_start_up(run_dir, corpus, tmp_
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    for name in (".last.pt.12345.tmp", "last.pt.tmp"):
+    killed = subprocess.Popen([sys.executable, "-c", ""])
+    killed.wait()  # a writer that is gone, as a killed run is
+    for name in (f".last.pt.{killed.pid}.tmp", "last.pt.tmp"):
         (run / name).write_bytes(b"half a checkpoint")
+    # A file another process is writing right now (`translate -o run/out.en`) is its own.
+    writing = run / f".out.en.{os.getpid()}.tmp"
+    writing.write_bytes(b"a translation under way")
     result = mtrain(*train_args(run, corpus, max_steps=6, eval_every=2))
     assert result.returncode == 0, result.stderr.decode()
-    assert leftovers(run) == []
+    assert leftovers(run) == [writing.name]
     assert load_checkpoint(run / "last.pt")["step"] == 6
 
 
