@@ -24,6 +24,16 @@ STOP = "stop"  # save last.pt and stop: the last validation was of this very ste
 INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
 
 
+def limits(cfg: TrainConfig) -> dict[str, float]:
+    """A run's limits, as a finished run records them (no time budget: infinite)."""
+    return {"max_steps": cfg.max_steps, "max_minutes": cfg.max_minutes or math.inf}
+
+
+def raised(cfg: TrainConfig, finished: dict) -> bool:
+    """Whether `cfg` gives a run that `finished` more steps or minutes than it had."""
+    return any(value > finished[key] for key, value in limits(cfg).items())
+
+
 class Coordinator:
     """The decisions of a run that every process must take alike."""
 
@@ -32,11 +42,8 @@ class Coordinator:
         self.budget = cfg.max_minutes or math.inf
         # The learning rate's end under a linear schedule: where the run ends too.
         self.schedule = schedule if isinstance(schedule, LinearSchedule) else None
-        total = self.schedule.total if self.schedule else None
-        new_end = total and total != cfg.max_steps and step < min(total, cfg.max_steps)
-        if self.budget == math.inf and new_end:
-            # Resumed with another max_steps: decay from the rate reached to 0 there instead.
-            self.schedule.replan(step, cfg.max_steps)
+        if self.schedule and self.budget == math.inf:
+            self._end_at_max_steps(step)
         self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
@@ -61,6 +68,16 @@ class Coordinator:
                 "%s: saving a checkpoint after this step (again to stop at once)",
                 signal.Signals(signum).name,
             )
+
+    def _end_at_max_steps(self, step: int) -> None:
+        """Without a time budget the linear decay ends at `max_steps`; a run resumed with
+        another `max_steps`, or without the budget it had, decays from the rate reached to 0
+        there instead."""
+        total, end = self.schedule.total, self.cfg.max_steps
+        if total is None and step < self.cfg.warmup_steps:
+            self.schedule.total = end  # still warming up: the decay has not begun
+        elif total is None or (total != end and step < min(total, end)):
+            self.schedule.replan(step, end)
 
     @property
     def last_step(self) -> int:
@@ -93,8 +110,8 @@ class Coordinator:
             )
 
     def limits(self) -> dict[str, float]:
-        """The run's limits, as a finished run records them (no time budget: infinite)."""
-        return {"max_steps": self.cfg.max_steps, "max_minutes": self.budget}
+        """The run's limits, as a finished run records them."""
+        return limits(self.cfg)
 
     def ended(self, step: int, minutes: float, stale: int) -> str | None:
         """Why a run at `step` after `minutes` is over, in words; None while it goes on."""
@@ -102,10 +119,10 @@ class Coordinator:
             return f"train.max_steps is {self.cfg.max_steps}"
         if self.schedule and self.schedule.total is not None and step >= self.schedule.total:
             return f"the linear learning-rate schedule reached 0 at step {self.schedule.total}"
-        if minutes + self.reserve >= self.budget:
-            return f"train.max_minutes ({self.cfg.max_minutes:g}) is spent"
         if self.cfg.patience and stale >= self.cfg.patience:
             return f"dev BLEU did not improve in {stale} validations (train.patience)"
+        if minutes + self.reserve >= self.budget:
+            return f"train.max_minutes ({self.cfg.max_minutes:g}) is spent"
         return None
 
     def next_action(self, step: int, minutes: float, updated: bool) -> str:

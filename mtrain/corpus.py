@@ -136,22 +136,16 @@ def parse(number: int, line: bytes, tgt_line: bytes | None, swap: bool) -> tuple
 
 def read_pairs(corpus: Corpus, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
     """Read a whole (small: dev or test) corpus into normalised pairs; blank lines are skipped
-    and any bad line, or one side empty (an empty reference would count), is an error naming
-    the file and line."""
+    and any bad line is an error naming the file and line."""
     pairs = []
     for number, line, tgt_line in raw_lines(corpus):
         try:
             if tgt_line is None and not line.strip():
                 continue
             src, tgt = parse(number, line, tgt_line, corpus.swap)
-            pair = normalize(src, src_lang), normalize(tgt, tgt_lang)
-            if not any(pair):
-                continue
-            if not all(pair):
-                raise BadLine(f"the {'source' if pair[1] else 'target'} is empty")
         except BadLine as e:
             raise DataError(f"{corpus.path}:{number}: {e}") from None
-        pairs.append(pair)
+        pairs.append((normalize(src, src_lang), normalize(tgt, tgt_lang)))
     return pairs
 
 

@@ -114,7 +114,10 @@ def remove_leftovers(directory: Path) -> list[Path]:
 
 
 def is_running(pid: int) -> bool:
-    """Whether a process `pid` runs on this machine."""
+    """Whether a process `pid`, other than this one, runs on this machine (this process has
+    written nothing yet where it looks: a file with its pid is an earlier holder's)."""
+    if pid <= 0 or pid == os.getpid():
+        return False
     try:
         os.kill(pid, 0)  # signal 0: nothing is sent, the pid is only checked
     except PermissionError:  # another user's process

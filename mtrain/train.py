@@ -16,7 +16,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mtrain import jsonl, runtime, train_loop, update_step
-from mtrain.config import Config
+from mtrain.config import Config, ConfigError
+from mtrain.coordinator import raised
 from mtrain.distributed import Group
 from mtrain.optim import loss_fn
 from mtrain.run_dir import METRICS, TRAIN_LOG
@@ -74,6 +75,13 @@ class Trainer:
         state = self.group.broadcast(self.checkpoints.load_last() if main else None, startup=True)
         self.state.load_state_dict(state, self.checkpoints.last, self.group)
         self.checkpoints.saved_step = self.step
+        finished = self.state.finished
+        if finished and raised(self.cfg.train, finished) and self.cfg.train.lr_schedule == "linear":
+            raise ConfigError(
+                f"{self.run_dir}: finished at step {self.step} ({finished['reason']}) with its "
+                "learning rate annealed (train.lr_schedule: linear): raising train.max_steps or "
+                "train.max_minutes cannot train it on; train a new run (another --out)"
+            )
         log.info("resuming %s at step %d", self.run_dir, self.step)
 
     @property
@@ -107,9 +115,10 @@ class Trainer:
         dev_loss, scores = dev_scores(self.model, self.data, self.cfg, self.device, self.amp_dtype)
         return Validation(self.step, self.minutes(), dev_loss, scores.bleu, scores.chrf)
 
-    def state_dict(self, rng: list[dict]) -> dict:
-        """A checkpoint of the run as it is now; `rng` holds every rank's random generators."""
-        return self.state.state_dict(rng, self.minutes())
+    def state_dict(self, rng: list[dict], validated: bool = False) -> dict:
+        """A checkpoint of the run as it is now; `rng` holds every rank's random generators,
+        `validated` whether this step's dev scores were just taken."""
+        return self.state.state_dict(rng, self.minutes(), validated)
 
     def run(self) -> float:
         """Train until max_steps or the time budget; return the best dev BLEU (`train_loop`)."""

@@ -7,8 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mtrain import runtime
-from mtrain.config import ConfigError
-from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator
+from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator, raised
 from mtrain.training_log import RunLog, run_log
 
 if TYPE_CHECKING:
@@ -50,11 +49,10 @@ def run(trainer: Trainer) -> float:
             train_updates(trainer, coordinator, logs)
             if tcfg.average_last and main:
                 validate_average(trainer, logs)
-            if main:  # a later start with the same limits leaves the run as it is
-                reason = coordinator.ended(trainer.step, trainer.minutes(), trainer.state.stale)
+            reason = coordinator.ended(trainer.step, trainer.minutes(), trainer.state.stale)
+            if main and reason:  # a later start with the same limits leaves the run as it is
                 trainer.checkpoints.mark_finished(
-                    {"reason": reason or "it ended", **coordinator.limits()},
-                    trainer.state.best_bleu,
+                    {"reason": reason, **coordinator.limits()}, trainer.state.best_bleu
                 )
     except OSError as e:  # a full disk, a file system gone read-only
         where = e.filename or f"into {trainer.run_dir}"
@@ -64,33 +62,31 @@ def run(trainer: Trainer) -> float:
 
 
 def finished_before(trainer: Trainer, coordinator: Coordinator) -> bool:
-    """Whether the run resumed had finished, and its limits were not raised: nothing to do.
-    A run whose linear schedule reached 0 cannot train on: raising its limits is refused."""
-    finished, limits = trainer.state.finished, coordinator.limits()
-    if not finished:
-        return False
-    raised = any(limits[key] > finished[key] for key in limits)
-    schedule = coordinator.schedule
-    if raised and schedule and schedule.total is not None and trainer.step >= schedule.total:
-        raise ConfigError(
-            f"{trainer.run_dir}: its learning rate reached 0 at step {schedule.total} "
-            "(train.lr_schedule: linear), so raising train.max_steps or train.max_minutes "
-            "cannot train it on; train a new run (another --out)"
-        )
-    if not raised and trainer.group.is_main:
-        log.info(
-            "%s finished at step %d (%s); raise train.max_steps or train.max_minutes to train on",
-            trainer.run_dir,
-            trainer.step,
-            finished["reason"],
-        )
-    if raised:
-        trainer.state.finished = None
-    return not raised
+    """Whether the run resumed had finished and its limits were not raised: nothing to do."""
+    finished = trainer.state.finished
+    if finished and raised(trainer.cfg.train, finished):
+        trainer.state.finished = None  # it trains on
+    elif finished:
+        if trainer.group.is_main:
+            log.info(
+                "%s finished at step %d (%s); raise train.max_steps or train.max_minutes to "
+                "train on",
+                trainer.run_dir,
+                trainer.step,
+                finished["reason"],
+            )
+        return True
+    return False
 
 
 def train_updates(trainer: Trainer, coordinator: Coordinator, logs: RunLog) -> None:
     """Train update after update, validating and stopping as the coordinator says."""
+    if trainer.step >= coordinator.last_step and not trainer.state.validated:
+        # Resumed at the end from a checkpoint of a Ctrl-C or a failed validation: validate it.
+        rng = trainer.group.gather(runtime.rng_state())
+        if trainer.group.is_main:
+            validate_and_save(trainer, coordinator, logs, rng)
+        return
     for update in trainer.updates():
         if trainer.step >= coordinator.last_step:
             break
@@ -105,7 +101,7 @@ def train_updates(trainer: Trainer, coordinator: Coordinator, logs: RunLog) -> N
         rng = trainer.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
         if action in (INTERRUPT, STOP):
             if trainer.group.is_main:
-                trainer.checkpoints.save_last(trainer.state_dict(rng))
+                trainer.checkpoints.save_last(trainer.state_dict(rng, action == STOP))
             if action == INTERRUPT:
                 raise Interrupted(trainer.step)
             break
@@ -128,7 +124,7 @@ def validate_and_save(
     improved = val.dev_bleu > state.best_bleu
     state.best_bleu = max(state.best_bleu, val.dev_bleu)
     state.stale = 0 if improved else state.stale + 1
-    trainer.checkpoints.save_validated(trainer.state_dict(rng), improved)
+    trainer.checkpoints.save_validated(trainer.state_dict(rng, validated=True), improved)
     logs.validation("validation", val, improved, skipped=state.skipped)
     coordinator.validated(trainer.step, trainer.minutes() - began)
     logs.restart_window()

@@ -53,6 +53,7 @@ class TrainingState:
     skipped: int = 0  # updates skipped for running out of memory or a non-finite loss
     minutes_before: float = 0.0  # training time spent before a resume
     finished: dict | None = None  # why the run ended, and its limits then; None while it goes on
+    validated: bool = True  # whether the checkpoint resumed from was validated at its step
 
     @classmethod
     def new(
@@ -67,8 +68,9 @@ class TrainingState:
         scaler = torch.amp.GradScaler(enabled=amp_dtype == torch.float16)
         return cls(model, optimizer, scheduler, scaler, data, data.tokenizer.fingerprint())
 
-    def state_dict(self, rng: list[dict], minutes: float) -> dict[str, Any]:
-        """A checkpoint of this state; `rng` holds every rank's random generators."""
+    def state_dict(self, rng: list[dict], minutes: float, validated: bool) -> dict[str, Any]:
+        """A checkpoint of this state; `rng` holds every rank's random generators, `validated`
+        says whether dev scores were taken at this step (not at a Ctrl-C or a failed one)."""
         return {
             "model": self.model.state_dict(),
             "tokenizer": self.tokenizer,
@@ -83,6 +85,7 @@ class TrainingState:
             "skipped": self.skipped,
             "minutes": minutes,
             "finished": self.finished,
+            "validated": validated,
         }
 
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> None:
@@ -113,6 +116,7 @@ class TrainingState:
             self.minutes_before = state["minutes"]
             self.skipped = state["skipped"]
             self.finished = state.get("finished")  # absent before mtrain recorded it
+            self.validated = state.get("validated", True)
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             reason = " ".join(str(e).split())[:200]
             raise CheckpointError(f"{path}: cannot resume from it ({reason})") from None

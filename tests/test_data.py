@@ -93,10 +93,6 @@ def test_read_pairs_errors_name_file_and_line(tmp_path):
     bad.write_text("a\tb\nonly one column\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"bad\.tsv:2: expected 2 or 4"):
         read_pairs(Corpus(bad), "zh", "en")
-    empty = tmp_path / "empty.tsv"  # an empty reference would be scored as one
-    empty.write_text("一\tone\n\n二\t \n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"empty\.tsv:3: the target is empty"):
-        read_pairs(Corpus(empty), "zh", "en")
     binary = tmp_path / "bin.tsv"
     binary.write_bytes(b"a\tb\nc\t\xff\xfe\n")
     with pytest.raises(DataError, match=r"bin\.tsv:2: not valid UTF-8"):

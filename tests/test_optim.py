@@ -140,3 +140,13 @@ def test_a_resumed_run_without_a_budget_decays_to_its_new_max_steps():
     before = dict(schedule.__dict__)
     Coordinator(raised, Group(), step=8, minutes=1.0, schedule=schedule)
     assert schedule.__dict__ == before
+
+
+def test_a_run_resumed_without_its_time_budget_before_its_first_plan_decays_to_max_steps():
+    budgeted = TrainConfig(warmup_steps=4, max_steps=20, max_minutes=5, lr_schedule="linear")
+    unbudgeted = TrainConfig(warmup_steps=4, max_steps=20, max_minutes=0, lr_schedule="linear")
+    for step in (2, 6):  # during warmup, and after it but before a plan
+        schedule = LinearSchedule(budgeted.warmup_steps, None)
+        Coordinator(unbudgeted, Group(), step=step, minutes=1.0, schedule=schedule)
+        assert schedule.total == 20
+        assert schedule(20) == 0.0 and 0 < schedule(19) < schedule(step)  # update 20 is the last

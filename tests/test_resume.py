@@ -282,19 +282,22 @@ def test_a_linear_schedule_that_reached_zero_cannot_be_raised(corpus, tmp_path):
     run = tmp_path / "run"
     first = run_train(run, settings)
     assert first.returncode == 0, first.stderr
-    before = (run / "last.pt").read_bytes()
+    before = {name: (run / name).read_bytes() for name in ("last.pt", "config.yaml")}
     raised = run_train(run, [*settings, "train.max_steps=16"])
     assert raised.returncode == 2
-    assert "learning rate reached 0 at step 8" in raised.stderr
+    assert "finished at step 8 (train.max_steps is 8) with its learning rate annealed" in (
+        raised.stderr
+    )
     assert raised.stderr.strip().splitlines()[-1].startswith("mtrain: error: ")
     assert "Traceback" not in raised.stderr
-    assert (run / "last.pt").read_bytes() == before
+    assert {name: (run / name).read_bytes() for name in before} == before
 
 
 def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
-    trainer = train.Trainer(
-        small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu")
-    )
+    # The last validation (step 10 of 10) fails: last.pt keeps step 10, and the same command
+    # again validates it and finishes the run, as an uninterrupted run would have.
+    cfg = small_config(corpus, max_steps=10, eval_every=5)
+    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
     real_validate, calls = trainer.validate, []
 
     def validate():
@@ -307,7 +310,9 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.run()
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 10
-    resumed = train.Trainer(
-        small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu"), resume=True
-    )
+    assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5]
+    resumed = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
     assert resumed.step == 10
+    resumed.run()
+    assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5, 10]
+    assert load_checkpoint(tmp_path / "last.pt")["finished"]["reason"] == "train.max_steps is 10"
