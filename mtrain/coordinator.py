@@ -109,10 +109,6 @@ class Coordinator:
                 planned,
             )
 
-    def limits(self) -> dict[str, float]:
-        """The run's limits, as a finished run records them."""
-        return limits(self.cfg)
-
     def ended(self, step: int, minutes: float, stale: int) -> str | None:
         """Why a run at `step` after `minutes` is over, in words; None while it goes on."""
         if step >= self.cfg.max_steps:

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mtrain import runtime
-from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator, raised
+from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator, limits, raised
 from mtrain.training_log import RunLog, run_log
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def run(trainer: Trainer) -> float:
     tcfg, main = trainer.cfg.train, trainer.group.is_main
     schedule = trainer.state.scheduler.lr_lambdas[0]
     coordinator = Coordinator(tcfg, trainer.group, trainer.step, trainer.minutes(), schedule)
-    if finished_before(trainer, coordinator):
+    if finished_before(trainer):
         return trainer.state.best_bleu
     # Under a time budget the step count is unknown: show no misleading ETA.
     total = None if tcfg.max_minutes else tcfg.max_steps
@@ -52,7 +52,7 @@ def run(trainer: Trainer) -> float:
             reason = coordinator.ended(trainer.step, trainer.minutes(), trainer.state.stale)
             if main and reason:  # a later start with the same limits leaves the run as it is
                 trainer.checkpoints.mark_finished(
-                    {"reason": reason, **coordinator.limits()}, trainer.state.best_bleu
+                    {"reason": reason, **limits(tcfg)}, trainer.state.best_bleu
                 )
     except OSError as e:  # a full disk, a file system gone read-only
         where = e.filename or f"into {trainer.run_dir}"
@@ -61,7 +61,7 @@ def run(trainer: Trainer) -> float:
     return trainer.state.best_bleu
 
 
-def finished_before(trainer: Trainer, coordinator: Coordinator) -> bool:
+def finished_before(trainer: Trainer) -> bool:
     """Whether the run resumed had finished and its limits were not raised: nothing to do."""
     finished = trainer.state.finished
     if finished and raised(trainer.cfg.train, finished):

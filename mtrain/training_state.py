@@ -84,7 +84,6 @@ class TrainingState:
             "stale": self.stale,
             "skipped": self.skipped,
             "minutes": minutes,
-            "finished": self.finished,
             "validated": validated,
         }
 
@@ -115,7 +114,7 @@ class TrainingState:
             self.best_bleu, self.stale = state["best_bleu"], state["stale"]
             self.minutes_before = state["minutes"]
             self.skipped = state["skipped"]
-            self.finished = state.get("finished")  # absent before mtrain recorded it
+            self.finished = state.get("finished")  # written by `Checkpoints.mark_finished`
             self.validated = state.get("validated", True)
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             reason = " ".join(str(e).split())[:200]
