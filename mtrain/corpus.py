@@ -116,7 +116,8 @@ def raw_lines(corpus: Corpus) -> Iterator[tuple[int, bytes, bytes | None]]:
         )
 
 
-def _text(raw: bytes, first: bool) -> str:
+def decode_line(raw: bytes, first: bool) -> str:
+    """One line of a UTF-8 file without its line end; a BOM on the first line is dropped."""
     try:
         return raw.decode("utf-8-sig" if first else "utf-8").rstrip("\r\n")
     except UnicodeDecodeError:
@@ -126,8 +127,8 @@ def _text(raw: bytes, first: bool) -> str:
 def parse(number: int, line: bytes, tgt_line: bytes | None, swap: bool) -> tuple[str, str]:
     """The (source, target) text of one raw line or line pair; raises BadLine."""
     if tgt_line is not None:
-        return _text(line, number == 1), _text(tgt_line, number == 1)
-    fields = _text(line, number == 1).split("\t")
+        return decode_line(line, number == 1), decode_line(tgt_line, number == 1)
+    fields = decode_line(line, number == 1).split("\t")
     if len(fields) not in (2, 4):
         raise BadLine(f"expected 2 or 4 tab-separated columns, got {len(fields)}")
     src, tgt = (fields[0], fields[1]) if len(fields) == 2 else (fields[1], fields[3])

@@ -9,32 +9,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtrain.corpus import Corpus, DataError, read_pairs
+from mtrain.corpus import BadLine, Corpus, DataError, decode_line, read_pairs
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
 def read_lines(path: Path) -> list[str]:
     """Read a UTF-8 text file (BOM and CRLF tolerated) into lines without line ends."""
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            return list(decode_lines(f, str(path)))
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8") from None
-    return text.splitlines()
 
 
 def decode_lines(lines: Iterable[bytes], name: str) -> Iterator[str]:
-    """Decode a binary stream's lines as UTF-8 (BOM and CRLF tolerated), naming a bad line."""
+    """Decode a binary stream's lines as UTF-8 (BOM and CRLF tolerated), naming a bad line.
+
+    Lines end at "\n" only, as in every reader here: `str.splitlines` would also split at
+    U+2028, U+0085 or a form feed inside a sentence and misalign the file with its pair.
+    """
     for number, raw in enumerate(lines, 1):
         try:
-            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError:
-            raise DataError(f"{name}:{number}: not valid UTF-8") from None
-        yield line.rstrip("\r\n")
+            yield decode_line(raw, number == 1)
+        except BadLine as e:
+            raise DataError(f"{name}:{number}: {e}") from None
 
 
 def read_parallel(

@@ -21,14 +21,14 @@ from mtrain.coordinator import raised
 from mtrain.distributed import Group
 from mtrain.optim import loss_fn
 from mtrain.run_dir import METRICS, TRAIN_LOG
-from mtrain.train_loop import Interrupted, RunWriteError
+from mtrain.train_loop import Interrupted, RunFileError
 from mtrain.training_data import TrainingData, Update
 from mtrain.training_state import Checkpoints, TrainingState
 from mtrain.update_step import NonFiniteLoss, OutOfMemory
 from mtrain.validation import Validation, dev_scores
 
 # The Trainer, and the ways its run can end other than by finishing.
-__all__ = ["Interrupted", "NonFiniteLoss", "OutOfMemory", "RunWriteError", "Trainer"]
+__all__ = ["Interrupted", "NonFiniteLoss", "OutOfMemory", "RunFileError", "Trainer"]
 log = logging.getLogger(__name__)
 
 

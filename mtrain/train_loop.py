@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class RunWriteError(OSError):
-    """A file of the run could not be written; the message says what was kept."""
+class RunFileError(OSError):
+    """A file could not be read or written while training; the message says what was kept."""
 
 
 class Interrupted(Exception):
@@ -55,9 +55,8 @@ def run(trainer: Trainer) -> float:
                     {"reason": reason, **limits(tcfg)}, trainer.state.best_bleu
                 )
     except OSError as e:  # a full disk, a file system gone read-only
-        where = e.filename or f"into {trainer.run_dir}"
         kept = trainer.checkpoints.kept()
-        raise RunWriteError(f"cannot write {where} ({e.strerror}); {kept}") from None
+        raise RunFileError(f"{e.filename or trainer.run_dir}: {e.strerror}; {kept}") from None
     return trainer.state.best_bleu
 
 

@@ -10,8 +10,10 @@ from mtrain.data import (
     Batch,
     DataError,
     Example,
+    decode_lines,
     encode_pairs,
     group_references,
+    read_lines,
     split_batches,
     token_batches,
 )
@@ -63,6 +65,18 @@ def test_prepare_handles_bom_crlf_whitespace_and_duplicates(tmp_path):
     assert skipped == 1
     assert rows[0] == ("1", "我们 试试看！", "10", "Let's try.")
     assert len(prepare_tatoeba.drop_duplicates(rows)) == 2
+
+
+def test_reference_files_split_at_newlines_only_as_translate_does(tmp_path):
+    refs = tmp_path / "refs.en"
+    refs.write_bytes("\ufeffWho am I?\u2028Who?\r\nIt\x85s Tuesday.\x0c\n\nLast".encode())
+    lines = ["Who am I?\u2028Who?", "It\x85s Tuesday.\x0c", "", "Last"]
+    assert read_lines(refs) == lines
+    with refs.open("rb") as f:
+        assert list(decode_lines(f, "refs")) == lines
+    refs.write_bytes(b"one\ntwo \xff\n")
+    with pytest.raises(DataError, match=f"^{refs}:2: not valid UTF-8$"):
+        read_lines(refs)
 
 
 def test_groups_join_traditional_and_simplified():

@@ -108,7 +108,7 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
     """Train into `run_dir` as this process of `group`; return the best dev BLEU. Each way a
     run stops early becomes one line, but for a bug, which keeps its traceback."""
     from mtrain import distributed
-    from mtrain.train import Interrupted, NonFiniteLoss, OutOfMemory, RunWriteError, Trainer
+    from mtrain.train import Interrupted, NonFiniteLoss, OutOfMemory, RunFileError, Trainer
 
     try:
         # Rank 0 alone owns the run directory; the others get what they need from it.
@@ -118,7 +118,7 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
             if group.is_main:
                 write_config(run_dir, cfg)  # once the run is known to be resumable
             return trainer.run()
-    except (NonFiniteLoss, OutOfMemory, RunWriteError) as e:
+    except (NonFiniteLoss, OutOfMemory, RunFileError) as e:
         fail(str(e))
     except Interrupted as e:
         if group.is_main:
