@@ -147,8 +147,8 @@ def test_a_killed_holder_releases_the_lock(tmp_path):
         pass
 
 
-def test_full_disk_at_start_up_leaves_no_partial_file(corpus, tmp_path):
-    run = tmp_path / "run"
+def test_full_disk_at_start_up_leaves_no_partial_file(run_dir, corpus, tmp_path):
+    run = tmp_path / "run"  # the corpus is prepared (by run_dir): the run copies its tokenizer
     result = mtrain(*train_args(run, corpus, max_steps=2, eval_every=2), file_size_limit=1000)
     one_line_error(result, f"{run / 'spm.src.model'}: File too large")
     assert leftovers(run) == []
