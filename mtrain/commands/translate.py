@@ -213,13 +213,13 @@ def translate(
         run_dir, cfg, translator = load_ct2_translator(run, device, beam, alpha, quantize, nbest)
     else:
         run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
+    from_stdin = not texts and not input_path
     if output is not None:
-        from_stdin = not texts and not input_path
         check_output(output, [input_path] if input_path else [], run_dir, from_stdin)
     check_arguments(texts or [])
     if attention:
         attention.mkdir(parents=True, exist_ok=True)
-    interactive = not texts and not input_path and sys.stdin.isatty()
+    interactive = from_stdin and sys.stdin.isatty()
     if interactive:
         src, tgt, beam_size = cfg.data.src_lang, cfg.data.tgt_lang, translator.decode.beam_size
         log.info("translating %s→%s with %s, beam %d; Ctrl-D leaves", src, tgt, run_dir, beam_size)
