@@ -25,13 +25,28 @@ INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
 
 
 def limits(cfg: TrainConfig) -> dict[str, float]:
-    """A run's limits, as a finished run records them (no time budget: infinite)."""
-    return {"max_steps": cfg.max_steps, "max_minutes": cfg.max_minutes or math.inf}
+    """A run's limits, as a finished run records them (0, which turns one off: infinite)."""
+    return {
+        "max_steps": cfg.max_steps,
+        "max_minutes": cfg.max_minutes or math.inf,
+        "patience": cfg.patience or math.inf,
+    }
 
 
 def raised(cfg: TrainConfig, finished: dict) -> bool:
-    """Whether `cfg` gives a run that `finished` more steps or minutes than it had."""
-    return any(value > finished[key] for key, value in limits(cfg).items())
+    """Whether `cfg` raises the limit that ended the run `finished`, so that it can train on."""
+    limit, now = finished.get("limit"), limits(cfg)
+    if limit is None:  # recorded before runs named the limit that ended them
+        return (
+            now["max_steps"] > finished["max_steps"] or now["max_minutes"] > finished["max_minutes"]
+        )
+    return now[limit] > finished[limit]
+
+
+def annealed(cfg: TrainConfig, finished: dict) -> bool:
+    """Whether the run `finished` ended with its linear schedule at 0, where no raised limit
+    can train it on; one that `train.patience` stopped ended partway down."""
+    return cfg.lr_schedule == "linear" and finished.get("limit") != "patience"
 
 
 class Coordinator:
@@ -109,16 +124,18 @@ class Coordinator:
                 planned,
             )
 
-    def ended(self, step: int, minutes: float, stale: int) -> str | None:
-        """Why a run at `step` after `minutes` is over, in words; None while it goes on."""
-        if step >= self.cfg.max_steps:
-            return f"train.max_steps is {self.cfg.max_steps}"
-        if self.schedule and self.schedule.total is not None and step >= self.schedule.total:
-            return f"the linear learning-rate schedule reached 0 at step {self.schedule.total}"
-        if self.cfg.patience and stale >= self.cfg.patience:
-            return f"dev BLEU did not improve in {stale} validations (train.patience)"
+    def ended(self, step: int, minutes: float, stale: int) -> tuple[str, str] | None:
+        """Why a run at `step` after `minutes` is over: the limit that ended it (a key of
+        `limits`) and the reason in words; None while it goes on."""
+        cfg, total = self.cfg, self.schedule and self.schedule.total
+        if step >= cfg.max_steps:
+            return "max_steps", f"train.max_steps is {cfg.max_steps}"
+        if total is not None and step >= total:  # short of max_steps: where the budget planned
+            return "max_minutes", f"the linear learning-rate schedule reached 0 at step {total}"
+        if cfg.patience and stale >= cfg.patience:
+            return "patience", f"dev BLEU did not improve in {stale} validations (train.patience)"
         if minutes + self.reserve >= self.budget:
-            return f"train.max_minutes ({self.cfg.max_minutes:g}) is spent"
+            return "max_minutes", f"train.max_minutes ({cfg.max_minutes:g}) is spent"
         return None
 
     def next_action(self, step: int, minutes: float, updated: bool) -> str:

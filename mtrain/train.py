@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mtrain import jsonl, runtime, train_loop, update_step
 from mtrain.config import Config, ConfigError
-from mtrain.coordinator import raised
+from mtrain.coordinator import annealed, raised
 from mtrain.distributed import Group
 from mtrain.optim import loss_fn
 from mtrain.run_dir import METRICS, TRAIN_LOG
@@ -76,7 +76,7 @@ class Trainer:
         self.state.load_state_dict(state, self.checkpoints.last, self.group)
         self.checkpoints.saved_step = self.step
         finished = self.state.finished
-        if finished and raised(self.cfg.train, finished) and self.cfg.train.lr_schedule == "linear":
+        if finished and raised(self.cfg.train, finished) and annealed(self.cfg.train, finished):
             raise ConfigError(
                 f"{self.run_dir}: finished at step {self.step} ({finished['reason']}) with its "
                 "learning rate annealed (train.lr_schedule: linear): raising train.max_steps or "

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mtrain import runtime
-from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator, limits, raised
+from mtrain.coordinator import FINAL, GO, INTERRUPT, STOP, Coordinator, annealed, limits, raised
 from mtrain.training_log import RunLog, run_log
 
 if TYPE_CHECKING:
@@ -49,11 +49,11 @@ def run(trainer: Trainer) -> float:
             train_updates(trainer, coordinator, logs)
             if tcfg.average_last and main:
                 validate_average(trainer, logs)
-            reason = coordinator.ended(trainer.step, trainer.minutes(), trainer.state.stale)
-            if main and reason:  # a later start with the same limits leaves the run as it is
-                trainer.checkpoints.mark_finished(
-                    {"reason": reason, **limits(tcfg)}, trainer.state.best_bleu
-                )
+            ended = coordinator.ended(trainer.step, trainer.minutes(), trainer.state.stale)
+            if main and ended:  # a later start with the same limits leaves the run as it is
+                limit, reason = ended
+                finished = {"reason": reason, "limit": limit, **limits(tcfg)}
+                trainer.checkpoints.mark_finished(finished, trainer.state.best_bleu)
     except OSError as e:  # a full disk, a file system gone read-only
         kept = trainer.checkpoints.kept()
         raise RunFileError(f"{e.filename or trainer.run_dir}: {e.strerror}; {kept}") from None
@@ -67,12 +67,18 @@ def finished_before(trainer: Trainer) -> bool:
         trainer.state.finished = None  # it trains on
     elif finished:
         if trainer.group.is_main:
+            limit = finished.get("limit")
+            if annealed(trainer.cfg.train, finished):
+                hint = "its learning rate is annealed: train a new run to train longer"
+            else:
+                limits_named = f"train.{limit}" if limit else "train.max_steps or train.max_minutes"
+                hint = f"raise {limits_named} to train on"
             log.info(
-                "%s finished at step %d (%s); raise train.max_steps or train.max_minutes to "
-                "train on",
+                "%s finished at step %d (%s); %s",
                 trainer.run_dir,
                 trainer.step,
                 finished["reason"],
+                hint,
             )
         return True
     return False

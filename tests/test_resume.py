@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mtrain import config, jsonl, train
+from mtrain.commands.train import check_resumable
 from mtrain.run_dir import (
     TRAIN_LOG,
     CheckpointError,
@@ -23,6 +24,7 @@ from mtrain.run_dir import (
     step_checkpoints,
     write_config,
 )
+from mtrain.train import Validation
 
 from .synthetic import REPO, overrides, small_config
 
@@ -283,6 +285,9 @@ def test_a_linear_schedule_that_reached_zero_cannot_be_raised(corpus, tmp_path):
     first = run_train(run, settings)
     assert first.returncode == 0, first.stderr
     before = {name: (run / name).read_bytes() for name in ("last.pt", "config.yaml")}
+    again = run_train(run, settings)
+    assert again.returncode == 0, again.stderr
+    assert "its learning rate is annealed: train a new run" in again.stderr
     raised = run_train(run, [*settings, "train.max_steps=16"])
     assert raised.returncode == 2
     assert "finished at step 8 (train.max_steps is 8) with its learning rate annealed" in (
@@ -291,6 +296,39 @@ def test_a_linear_schedule_that_reached_zero_cannot_be_raised(corpus, tmp_path):
     assert raised.stderr.strip().splitlines()[-1].startswith("mtrain: error: ")
     assert "Traceback" not in raised.stderr
     assert {name: (run / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "linear"])
+def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
+    corpus, tmp_path, monkeypatch, caplog, schedule
+):
+    def trainer(**keys) -> train.Trainer:
+        keys = {"max_steps": 100, "eval_every": 5, "warmup_steps": 2, **keys}
+        cfg = small_config(corpus, lr_schedule=schedule, **keys)
+        resume = (tmp_path / "last.pt").exists()
+        if resume:
+            check_resumable(tmp_path, cfg)  # the CLI lets a resumed run change its patience
+        else:
+            write_config(tmp_path, cfg)
+        t = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=resume)
+        # Dev BLEU 5.0 at every validation: the first is the best, no later one is better.
+        monkeypatch.setattr(t, "validate", lambda: Validation(t.step, t.minutes(), 1.0, 5.0, 5.0))
+        return t
+
+    first = trainer(patience=2)
+    first.run()
+    assert first.step == 15
+    assert load_checkpoint(tmp_path / "last.pt")["finished"]["limit"] == "patience"
+    # More steps do not outlast the patience that ended the run; under a linear schedule
+    # its learning rate had not reached 0, so it is not refused as annealed either.
+    more_steps = trainer(patience=2, max_steps=200)
+    with caplog.at_level("INFO"):
+        more_steps.run()
+    assert more_steps.step == 15
+    assert "raise train.patience to train on" in caplog.text
+    more_patience = trainer(patience=4)
+    more_patience.run()
+    assert more_patience.step == 25  # two more validations without a better dev BLEU
 
 
 def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):

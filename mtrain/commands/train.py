@@ -28,7 +28,12 @@ if TYPE_CHECKING:
     from mtrain.distributed import Group
 
 # Keys a resumed run may change: its limits, and where prepared corpora are kept.
-RESUMABLE_KEYS = {("train", "max_steps"), ("train", "max_minutes"), ("data", "prepared_dir")}
+RESUMABLE_KEYS = {
+    ("train", "max_steps"),
+    ("train", "max_minutes"),
+    ("train", "patience"),
+    ("data", "prepared_dir"),
+}
 
 
 def is_run_dir(path: Path) -> bool:
