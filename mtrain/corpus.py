@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import lzma
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import IO, Any
 
 from mtrain.text import normalize
 
+log = logging.getLogger(__name__)
 OPENERS = {".gz": gzip.open, ".xz": lzma.open}
 
 
@@ -135,10 +137,14 @@ def parse(number: int, line: bytes, tgt_line: bytes | None, swap: bool) -> tuple
     return (tgt, src) if swap else (src, tgt)
 
 
-def read_pairs(corpus: Corpus, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+def read_pairs(
+    corpus: Corpus, src_lang: str, tgt_lang: str, scored: bool = False
+) -> list[tuple[str, str]]:
     """Read a whole (small: dev or test) corpus into normalised pairs; blank lines are skipped
-    and any bad line is an error naming the file and line."""
-    pairs = []
+    and any bad line is an error naming the file and line. A corpus to be `scored` warns of
+    its pairs with an empty side, naming the first: they are scored as they are, an empty
+    reference included."""
+    pairs, empty = [], []
     for number, line, tgt_line in raw_lines(corpus):
         try:
             if tgt_line is None and not line.strip():
@@ -146,7 +152,17 @@ def read_pairs(corpus: Corpus, src_lang: str, tgt_lang: str) -> list[tuple[str, 
             src, tgt = parse(number, line, tgt_line, corpus.swap)
         except BadLine as e:
             raise DataError(f"{corpus.path}:{number}: {e}") from None
-        pairs.append((normalize(src, src_lang), normalize(tgt, tgt_lang)))
+        src, tgt = normalize(src, src_lang), normalize(tgt, tgt_lang)
+        if not (src and tgt):
+            empty.append(number)
+        pairs.append((src, tgt))
+    if scored and empty:
+        log.warning(
+            "%s:%d: a sentence pair with an empty side (%d in the file); scored as it is",
+            corpus.path,
+            empty[0],
+            len(empty),
+        )
     return pairs
 
 

@@ -55,7 +55,7 @@ class TrainingData:
         self.fingerprints = data_digests(self.corpus.manifest)
         self.paths = {"train": dcfg.train, "dev": dcfg.dev, "test": dcfg.test}
         (dev,) = corpora(dcfg.dev, dcfg.swap_columns)
-        dev_pairs = read_pairs(dev, dcfg.src_lang, dcfg.tgt_lang)
+        dev_pairs = read_pairs(dev, dcfg.src_lang, dcfg.tgt_lang, scored=True)
         if not any(s and t for s, t in dev_pairs):
             raise DataError(f"{dev}: no sentence pairs with both sides non-empty")
         self.dev_examples = encode_pairs(

@@ -102,6 +102,18 @@ def test_read_pairs_swapped_reads_the_second_text_column_as_source(tmp_path):
         assert read_pairs(Corpus(path, swap=True), "en", "zh") == [("Who am I?", "我是谁")]
 
 
+def test_pairs_to_be_scored_warn_of_an_empty_side_naming_the_first(tmp_path, caplog):
+    path = tmp_path / "dev.tsv"
+    path.write_text("我是谁\tWho am I?\n\n你好\t \n\tHello.\n", encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        pairs = read_pairs(Corpus(path), "zh", "en", scored=True)
+    assert pairs == [("我是谁", "Who am I?"), ("你好", ""), ("", "Hello.")]  # scored as they are
+    assert f"{path}:3: a sentence pair with an empty side (2 in the file)" in caplog.text
+    caplog.clear()
+    read_pairs(Corpus(path), "zh", "en")  # held-out sources read to keep them out of training
+    assert not caplog.text
+
+
 def test_read_pairs_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nonly one column\n", encoding="utf-8")

@@ -75,7 +75,7 @@ def evaluate(
     if src is None:
         (test,) = corpora(cfg.data.test, cfg.data.swap_columns)  # a TSV file or {src, tgt}
         sources, references = group_references(
-            read_pairs(test, cfg.data.src_lang, cfg.data.tgt_lang)
+            read_pairs(test, cfg.data.src_lang, cfg.data.tgt_lang, scored=True)
         )
         hyp_path = run_dir / f"{test.path.stem}.hyp.{cfg.data.tgt_lang}"
         source_name = test.path
