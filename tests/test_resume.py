@@ -331,6 +331,21 @@ def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
     assert more_patience.step == 25  # two more validations without a better dev BLEU
 
 
+def test_a_run_ended_by_max_steps_is_left_as_it_is_when_only_its_budget_is_raised(corpus, tmp_path):
+    keys = {"max_steps": 6, "eval_every": 3, "keep_last": 2, "average_last": 2}
+    train.Trainer(small_config(corpus, max_minutes=30, **keys), tmp_path, torch.device("cpu")).run()
+
+    def files_of_the_run():
+        return {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix in (".pt", ".jsonl")}
+
+    files = files_of_the_run()
+    more_minutes = small_config(corpus, max_minutes=60, **keys)
+    resumed = train.Trainer(more_minutes, tmp_path, torch.device("cpu"), resume=True)
+    resumed.run()  # more minutes cannot outlast max_steps: nothing to average or log again
+    assert resumed.step == 6
+    assert files_of_the_run() == files
+
+
 def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
     # The last validation (step 10 of 10) fails: last.pt keeps step 10, and the same command
     # again validates it and finishes the run, as an uninterrupted run would have.
