@@ -96,7 +96,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many validations without a better dev BLEU; 0: never
     average_last: int = 0  # at the end, average the last N step checkpoints into averaged.pt
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
-    # auto: bf16 autocast on GPUs that have bf16 (fp16 + loss scaling on older ones), fp32 on CPUs
+    # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32
     precision: Literal["auto", "fp32"] = "auto"
 
 

@@ -91,12 +91,16 @@ def _keep_freed_memory() -> None:
 def mixed_precision(device: torch.device, precision: str) -> torch.dtype | None:
     """The dtype autocast should compute in for `precision` ("auto" or "fp32"); None for fp32.
 
-    "auto" means bf16 on CUDA GPUs that have it, else fp16 (with loss scaling), and fp32 on the
-    CPU: even with AMX, whose bf16 matrix multiplies are 4x faster than fp32 ones on our 2-core
-    machines, bf16 autocast made training steps slower (casts and unfused elementwise work).
+    "auto" means bf16 on CUDA GPUs that have it, else fp16 (with loss scaling); on the CPU, bf16
+    where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), else fp32. On our 2-core AMD
+    EPYC (AVX512-BF16), bf16 matrix multiplies run 2-3x as fast as fp32 ones and a training
+    step of the default model 1.27x as fast (attention itself stays fp32 there: `model.attention`).
     """
-    if precision == "fp32" or device.type != "cuda":
+    if precision == "fp32":
         return None
+    if device.type == "cpu":
+        caps = torch.cpu.get_capabilities()
+        return torch.bfloat16 if caps.get("avx512_bf16") or caps.get("amx_bf16") else None
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 

@@ -62,7 +62,8 @@ class TrainingState:
         """A run at step 0: a fresh model for the data's tokenizer, and its optimiser."""
         model = build_model(cfg, data.tokenizer).to(device)
         n_params = sum(p.numel() for p in model.parameters())
-        log.info("model has %.1fM parameters, training on %s", n_params / 1e6, device)
+        dtype = str(amp_dtype or torch.float32).removeprefix("torch.")  # autocast's, or fp32
+        log.info("model has %.1fM parameters, training on %s in %s", n_params / 1e6, device, dtype)
         optimizer, scheduler = build_optimizer(model, cfg.train)
         # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
         scaler = torch.amp.GradScaler(enabled=amp_dtype == torch.float16)
