@@ -21,3 +21,10 @@ def test_auto_precision_on_the_cpu_is_bf16_only_where_it_multiplies_bf16_nativel
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     assert runtime.mixed_precision(CPU, "auto") is expected
     assert runtime.mixed_precision(CPU, "fp32") is None
+
+
+def test_auto_precision_on_the_cpu_is_fp32_where_pytorch_cannot_list_its_capabilities(
+    monkeypatch,
+):
+    monkeypatch.delattr(torch.cpu, "get_capabilities")
+    assert runtime.mixed_precision(CPU, "auto") is None
