@@ -138,3 +138,19 @@ def test_attention_computes_in_fp32_under_cpu_bf16_autocast():
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
     assert out.dtype == torch.float32 and torch.equal(out, expected)
     assert attention(q, k, v, mask).dtype == torch.bfloat16  # outside autocast: as given
+
+
+def test_the_model_attends_in_fp32_under_cpu_bf16_autocast(monkeypatch):
+    fused, seen = F.scaled_dot_product_attention, []
+
+    def recording(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return fused(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    model = make_model()
+    tgt_in = torch.cat([torch.full((2, 1), BOS_ID), tokens(2, 4, seed=3)], dim=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens(2, 5), tgt_in)
+    assert len(seen) == 6  # 2 encoder layers' self-attention, 2 decoder layers' self and cross
+    assert set(seen) == {(torch.float32,) * 3}
