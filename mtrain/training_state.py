@@ -47,6 +47,7 @@ class TrainingState:
     scaler: torch.amp.GradScaler
     data: TrainingData
     tokenizer: str  # the tokenizer's fingerprint
+    dtype: str  # what the updates compute in: autocast's dtype, or float32
     step: int = 0  # optimizer updates done
     best_bleu: float = -1.0
     stale: int = 0  # validations since dev BLEU last improved
@@ -62,12 +63,12 @@ class TrainingState:
         """A run at step 0: a fresh model for the data's tokenizer, and its optimiser."""
         model = build_model(cfg, data.tokenizer).to(device)
         n_params = sum(p.numel() for p in model.parameters())
-        dtype = str(amp_dtype or torch.float32).removeprefix("torch.")  # autocast's, or fp32
+        dtype = str(amp_dtype or torch.float32).removeprefix("torch.")
         log.info("model has %.1fM parameters, training on %s in %s", n_params / 1e6, device, dtype)
         optimizer, scheduler = build_optimizer(model, cfg.train)
         # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
         scaler = torch.amp.GradScaler(enabled=amp_dtype == torch.float16)
-        return cls(model, optimizer, scheduler, scaler, data, data.tokenizer.fingerprint())
+        return cls(model, optimizer, scheduler, scaler, data, data.tokenizer.fingerprint(), dtype)
 
     def state_dict(self, rng: list[dict], minutes: float, validated: bool) -> dict[str, Any]:
         """A checkpoint of this state; `rng` holds every rank's random generators, `validated`
@@ -75,6 +76,7 @@ class TrainingState:
         return {
             "model": self.model.state_dict(),
             "tokenizer": self.tokenizer,
+            "dtype": self.dtype,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -92,6 +94,7 @@ class TrainingState:
         """Continue from the checkpoint `state`, read from `path`, as rank `group.rank`."""
         self.data.check_unchanged(state, path)
         check_tokenizer(path, state, self.tokenizer)
+        self.warn_of_another_dtype(state.get("dtype"), path)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -120,6 +123,21 @@ class TrainingState:
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
             reason = " ".join(str(e).split())[:200]
             raise CheckpointError(f"{path}: cannot resume from it ({reason})") from None
+
+
+    def warn_of_another_dtype(self, written_in: str | None, path: Path) -> None:
+        """Say so when the run goes on in another dtype than it was trained in: on a CPU
+        without native bf16, `train.precision: auto` trains in fp32 what another began in bf16."""
+        if written_in is None or written_in == self.dtype:  # None: written before checkpoints kept it
+            return
+        log.warning(
+            "%s was trained in %s; the run goes on in %s here (train.precision), so it will "
+            "not match an uninterrupted run exactly%s",
+            path,
+            written_in,
+            self.dtype,
+            "; --set train.precision=fp32 keeps fp32" if written_in == "float32" else "",
+        )
 
 
 class Checkpoints:

@@ -369,3 +369,18 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
     resumed.run()
     assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5, 10]
     assert load_checkpoint(tmp_path / "last.pt")["finished"]["reason"] == "train.max_steps is 10"
+
+
+def test_a_run_resumed_in_another_dtype_says_so(corpus, tmp_path, monkeypatch, caplog):
+    cpu = torch.device("cpu")
+    cfg = small_config(corpus, max_steps=10, eval_every=10, precision="fp32")
+    train.Trainer(cfg, tmp_path, cpu).run()
+    assert load_checkpoint(tmp_path / "last.pt")["dtype"] == "float32"
+
+    caplog.set_level("WARNING")
+    train.Trainer(cfg, tmp_path, cpu, resume=True)  # the same dtype: no word of it
+    assert "was trained in" not in caplog.text
+    # On a machine where auto picks bf16:
+    monkeypatch.setattr(train.runtime, "mixed_precision", lambda device, precision: torch.bfloat16)
+    train.Trainer(cfg, tmp_path, cpu, resume=True)
+    assert "was trained in float32; the run goes on in bfloat16" in caplog.text

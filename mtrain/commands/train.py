@@ -27,11 +27,12 @@ if TYPE_CHECKING:
 
     from mtrain.distributed import Group
 
-# Keys a resumed run may change: its limits, and where prepared corpora are kept.
+# Keys a resumed run may change: its limits, its precision, and where prepared corpora are kept.
 RESUMABLE_KEYS = {
     ("train", "max_steps"),
     ("train", "max_minutes"),
     ("train", "patience"),
+    ("train", "precision"),  # "auto" may already differ from machine to machine
     ("data", "prepared_dir"),
 }
 
