@@ -124,11 +124,10 @@ class TrainingState:
             reason = " ".join(str(e).split())[:200]
             raise CheckpointError(f"{path}: cannot resume from it ({reason})") from None
 
-
     def warn_of_another_dtype(self, written_in: str | None, path: Path) -> None:
         """Say so when the run goes on in another dtype than it was trained in: on a CPU
         without native bf16, `train.precision: auto` trains in fp32 what another began in bf16."""
-        if written_in is None or written_in == self.dtype:  # None: written before checkpoints kept it
+        if written_in in (None, self.dtype):  # None: written before checkpoints kept it
             return
         log.warning(
             "%s was trained in %s; the run goes on in %s here (train.precision), so it will "
