@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mtrain import config
+from mtrain import prepare as prepare_module
 from mtrain.corpus import DataError
 from mtrain.data import Batch, encode_pairs, read_parallel
 from mtrain.dataset import TokenCorpus
@@ -208,10 +209,25 @@ def test_a_changed_corpus_is_prepared_again(tmp_path, corpus):
     cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
     first = prepare(cfg)
     before = TokenCorpus(first).manifest
-    os.utime(train)  # touched, not changed: the hash says it is the same corpus
-    assert prepare(cfg) == first and TokenCorpus(first).manifest == before
+    os.utime(train, ns=(1, 1))  # touched, not changed: the hash says it is the same corpus
+    assert prepare(cfg) == first
+    touched = TokenCorpus(first).manifest
+    assert touched["inputs"][0]["mtime_ns"] == 1  # the new stat kept: hashed once, not always
+    assert {**touched, "inputs": before["inputs"]} == before
     with train.open("a", encoding="utf-8") as f:
         f.write("八八八八\teight eight eight eight\n")
     after = TokenCorpus(prepare(cfg)).manifest
     assert after["inputs"][0]["sha256"] != before["inputs"][0]["sha256"]
     assert after["pairs_read"] == before["pairs_read"] + 1
+
+
+def test_a_touched_corpus_is_hashed_once_not_at_every_start(tmp_path, corpus, monkeypatch):
+    train = write_tsv(tmp_path / "train.tsv", number_pairs(200, seed=5))
+    cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
+    first = prepare(cfg)
+    os.utime(train, ns=(1, 1))
+    assert prepare(cfg) == first  # hashes the touched file, finds it unchanged
+    hashed = []
+    monkeypatch.setattr(prepare_module, "fingerprint", lambda path: hashed.append(path))
+    assert prepare(cfg) == first
+    assert hashed == []
