@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,22 +22,12 @@ from mtrain import prepare as prepare_module
 from mtrain.corpus import OPENERS, DataError, check_files, corpora, fingerprint
 from mtrain.data import Batch, encode_pairs, read_parallel
 from mtrain.dataset import TokenCorpus
-from mtrain.distributed import Group
 from mtrain.prepare import identity, prepare, prepared_dir
 from mtrain.tokenizer import Tokenizer
 from mtrain.training_data import prepared_corpus
 
 from .synthetic import REPO, number_pairs, overrides
-
-
-@dataclass(frozen=True)
-class Replies(Group):
-    """A rank of a group whose broadcasts answer `replies`, one after another."""
-
-    replies: list = field(default_factory=list)
-
-    def broadcast(self, obj, startup=False):
-        return self.replies.pop(0)
+from .test_training_data import Replies
 
 
 def write_tsv(path: Path, pairs, opener=open) -> Path:
