@@ -216,6 +216,9 @@ def _check_positive(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key}: must be positive, got {value}")
+    for key in ("max_src_len", "max_tgt_len"):  # prepared corpora store lengths as uint16
+        if getattr(cfg.data, key) > 65535:
+            raise ConfigError(f"data.{key}: at most 65535, got {getattr(cfg.data, key)}")
 
 
 def _check_model(cfg: Config) -> None:

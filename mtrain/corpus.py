@@ -7,10 +7,14 @@ or `.xz` are decompressed as they are read.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import io
 import logging
 import lzma
+import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,14 +70,47 @@ def resolve(spec: Any) -> Any:
     return str(Path(spec).resolve())
 
 
+# What a path that is not a regular file is, for the message that refuses it.
+FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
 def check_files(spec: Any, key: str) -> None:
-    """Raise DataError naming `key` unless every file of the corpora is a readable file."""
+    """Raise DataError naming `key` unless every file of the corpora is a readable file: a
+    corpus is read more than once, so a pipe or a device cannot be one."""
     for corpus in corpora(spec):
         for path in corpus.files:
-            if path.is_dir():
-                raise DataError(f"{key}: {path} is a directory, not a corpus file")
-            if not path.is_file():
-                raise DataError(f"{key}: no such file {path}")
+            try:
+                mode = path.stat().st_mode
+            except OSError:
+                raise DataError(f"{key}: no such file {path}") from None
+            for is_kind, kind in FILE_KINDS:
+                if is_kind(mode):
+                    raise DataError(f"{key}: {path} is {kind}, not a corpus file")
+
+
+class _Hashing(io.RawIOBase):
+    """A file's bytes as stored, passed on and hashed as they are read."""
+
+    def __init__(self, f: IO[bytes], digest: Any):
+        self.f, self.digest = f, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.f.readinto(buffer)
+        self.digest.update(memoryview(buffer)[:n])
+        return n
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
 
 
 def open_binary(path: Path) -> IO[bytes]:
@@ -84,22 +121,39 @@ def open_binary(path: Path) -> IO[bytes]:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    with open_binary(path) as f:
+def _lines(path: Path, digests: dict[Path, Any] | None = None) -> Iterator[bytes]:
+    """The lines of a file; `digests` gains the SHA-256 of its stored bytes, read on the way."""
+    if digests is None:
+        stored = contextlib.nullcontext()
+        text = open_binary(path)
+    else:
+        digest = digests.setdefault(path, hashlib.sha256())
         try:
-            yield from f
-        except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged or truncated archive
+            stored = io.BufferedReader(_Hashing(path.open("rb", buffering=0), digest), 1 << 20)
+        except OSError as e:
+            raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        opener = OPENERS.get(path.suffix)
+        text = opener(stored, "rb") if opener else stored
+    with stored, text:
+        try:
+            yield from text
+            if digests is not None:  # bytes past the last compressed member count too
+                while stored.read(1 << 20):
+                    pass
+        except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:  # a damaged archive
             raise DataError(f"{path}: cannot read ({e})") from None
 
 
-def raw_lines(corpus: Corpus) -> Iterator[tuple[int, bytes, bytes | None]]:
+def raw_lines(
+    corpus: Corpus, digests: dict[Path, Any] | None = None
+) -> Iterator[tuple[int, bytes, bytes | None]]:
     """Yield (line number, line, target line or None) as bytes; a pair of files must have as
-    many lines as each other."""
+    many lines as each other. `digests` gains each file's SHA-256 of its stored bytes."""
     if corpus.tgt_path is None:
-        for number, line in enumerate(_lines(corpus.path), 1):
+        for number, line in enumerate(_lines(corpus.path, digests), 1):
             yield number, line, None
         return
-    src, tgt = _lines(corpus.path), _lines(corpus.tgt_path)
+    src, tgt = _lines(corpus.path, digests), _lines(corpus.tgt_path, digests)
     number = 0
     for number, src_line in enumerate(src, 1):
         tgt_line = next(tgt, None)

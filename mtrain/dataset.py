@@ -7,6 +7,7 @@ on disk, read a batch at a time, so memory does not grow with the corpus.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import weakref
@@ -16,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtrain.corpus import DataError
 from mtrain.data import Batch, token_batches
-from mtrain.prepare import MANIFEST
+from mtrain.prepare import MANIFEST, DamagedCorpus, check_prepared, load_array, vocab_sizes
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -26,13 +26,19 @@ class TokenCorpus:
     """The token ids of a prepared corpus: pair i is src[src_offsets[i]:src_offsets[i + 1]]."""
 
     def __init__(self, directory: Path):
+        """Open a prepared directory; DamagedCorpus unless its files agree with each other."""
         self.directory = directory
-        self.manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-        dtype = np.dtype(self.manifest["dtype"])
-        self.src_len = np.load(directory / "src_len.npy")  # (N,) </s> included
-        self.tgt_len = np.load(directory / "tgt_len.npy")  # (N,) pieces only
-        self.src = TokenFile(directory, "src", dtype)
-        self.tgt = TokenFile(directory, "tgt", dtype)
+        try:
+            self.manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+            dtype = np.dtype(self.manifest["dtype"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DamagedCorpus(directory, f"{MANIFEST} cannot be read ({e})") from None
+        self.src_len = load_array(directory, "src_len.npy")  # (N,) </s> included
+        self.tgt_len = load_array(directory, "tgt_len.npy")  # (N,) pieces only
+        check_prepared(directory, self.manifest, {"src": self.src_len, "tgt": self.tgt_len})
+        vocab = vocab_sizes(directory, self.manifest)
+        self.src = TokenFile(directory, "src", dtype, vocab.get("src"))
+        self.tgt = TokenFile(directory, "tgt", dtype, vocab.get("tgt"))
 
     def __len__(self) -> int:
         return len(self.src_len)
@@ -54,15 +60,17 @@ class TokenFile:
     resident in the process, so a long run over a big corpus would come to hold it all.
     """
 
-    def __init__(self, directory: Path, side: str, dtype: np.dtype):
-        self.dtype = dtype
-        path = directory / f"{side}_offsets.npy"
-        offsets = np.load(path, mmap_mode="r")
+    def __init__(self, directory: Path, side: str, dtype: np.dtype, vocab: int | None = None):
+        """`vocab`: the side's vocabulary size, which every id read must be below (None: the
+        ids are not checked, for a corpus prepared before manifests recorded it)."""
+        self.directory, self.side, self.dtype, self.vocab = directory, side, dtype, vocab
+        offsets = load_array(directory, f"{side}_offsets.npy", mmap=True)
         if offsets.dtype != np.int64:
-            raise DataError(f"{path}: expected int64 offsets, found {offsets.dtype}")
+            reason = f"{side}_offsets.npy holds {offsets.dtype}, not int64 offsets"
+            raise DamagedCorpus(directory, reason)
         self.header = offsets.offset  # bytes before the first offset
         del offsets
-        self.offsets = os.open(path, os.O_RDONLY)
+        self.offsets = os.open(directory / f"{side}_offsets.npy", os.O_RDONLY)
         self.tokens = os.open(directory / f"{side}.bin", os.O_RDONLY)
         weakref.finalize(self, _close, self.offsets, self.tokens)
 
@@ -71,9 +79,22 @@ class TokenFile:
         size = self.dtype.itemsize
         out = np.full((len(indices), int(lengths.max()) + extra), PAD_ID, np.int64)
         for row, (i, n) in enumerate(zip(indices.tolist(), lengths.tolist())):
-            start = int.from_bytes(os.pread(self.offsets, 8, self.header + 8 * i), "little")
-            out[row, :n] = np.frombuffer(os.pread(self.tokens, n * size, start * size), self.dtype)
+            start = int.from_bytes(self._read(self.offsets, 8, self.header + 8 * i), "little")
+            out[row, :n] = np.frombuffer(
+                self._read(self.tokens, n * size, start * size), self.dtype
+            )
+        if self.vocab is not None and int(out.max()) >= self.vocab:  # a damaged file: 0xFF...
+            reason = f"{self.side}.bin holds ids past its vocabulary of {self.vocab}"
+            raise DamagedCorpus(self.directory, reason)
         return torch.from_numpy(out)
+
+    def _read(self, fd: int, size: int, offset: int) -> bytes:
+        """`size` bytes at `offset`: a file cut short since it was opened is damage, not zeros."""
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            name = f"{self.side}_offsets.npy" if fd == self.offsets else f"{self.side}.bin"
+            raise DamagedCorpus(self.directory, f"{name} ends before byte {offset + size}")
+        return data
 
 
 def _close(*fds: int) -> None:
@@ -110,10 +131,23 @@ class BatchStream:
         self.src_len, self.tgt_len = src_len, tgt_len
         self.batch_tokens, self.seed = batch_tokens, seed
         self.epoch, self.batches_done = 0, 0
+        self._order: tuple[int, list[np.ndarray]] | None = None  # the last epoch's, reused
 
     def epoch_order(self, epoch: int) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.seed, epoch])
-        return token_batches(self.src_len, self.tgt_len, self.batch_tokens, rng)
+        if self._order is None or self._order[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._order = epoch, token_batches(self.src_len, self.tgt_len, self.batch_tokens, rng)
+        return self._order[1]
+
+    def order_digest(self, epoch: int | None = None) -> str:
+        """SHA-256 of an epoch's batches, in order (the current epoch's by default): numpy
+        promises its random streams only within one build, so machines and numpy versions
+        are compared by this, not trusted to agree."""
+        digest = hashlib.sha256()
+        for batch in self.epoch_order(self.epoch if epoch is None else epoch):
+            digest.update(len(batch).to_bytes(8, "little"))
+            digest.update(batch.astype("<i8").tobytes())
+        return digest.hexdigest()
 
     def __iter__(self) -> Iterator[np.ndarray]:
         while True:
@@ -124,7 +158,12 @@ class BatchStream:
             self.epoch, self.batches_done = self.epoch + 1, 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batches_done": self.batches_done}
+        """The stream's position, and the digest of its epoch's order to check it by."""
+        return {
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "batch_order": self.order_digest(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batches_done = state["epoch"], state["batches_done"]

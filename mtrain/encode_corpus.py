@@ -11,6 +11,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,33 +20,66 @@ from tqdm import tqdm
 
 from mtrain import encode_worker
 from mtrain.config import Config
-from mtrain.corpus import OPENERS, BadLine, Corpus, DataError, corpora, parse, raw_lines, read_pairs
+from mtrain.corpus import (
+    OPENERS,
+    BadLine,
+    Corpus,
+    DataError,
+    corpora,
+    fingerprint,
+    parse,
+    raw_lines,
+    read_pairs,
+)
 from mtrain.text import normalize
 from mtrain.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 CHUNK_LINES = 20_000  # lines a worker encodes at a time
-# Bad lines are skipped and counted while they are at most 1% of the lines read (or 100);
+# Bad lines are skipped and counted while they are at most 1% of a file's lines read (or 100);
 # past that the corpus is refused: it is likely not what the config says it is.
 BAD_SHARE, BAD_MIN = 0.01, 100
+BAD_SHOWN = 5  # bad lines named in a warning, per corpus
+UINT16_IDS = 1 << 16  # vocabularies up to this size store their ids as uint16, larger as int32
+TOKEN_FILES = tuple(
+    f"{side}{suffix}" for side in ("src", "tgt") for suffix in (".bin", "_len.npy", "_offsets.npy")
+)
 DROP_REASONS = ("empty side", "too long", "length ratio", "in dev or test", "duplicate")
 
 
-def encode_corpus(cfg: Config, out: Path, workers: int) -> dict:
+@dataclass
+class FileCounts:
+    """What one corpus of data.train gave: its lines, its bad lines and its pairs."""
+
+    lines: int = 0
+    bad: int = 0
+    first_bad: str = ""  # file:line: reason
+    pairs: int = 0  # encoded and kept, before exact duplicates are dropped
+    shown: list[str] = field(default_factory=list)
+
+
+def encode_corpus(
+    cfg: Config,
+    out: Path,
+    workers: int,
+    progress: bool = True,
+    digests: dict[Path, Any] | None = None,
+) -> dict:
     """Write the tokenizer and the token files of `cfg`'s training corpora into `out`; return
-    what the manifest records of them: counts, tokens, tokenizer, dtype and timings."""
+    what the manifest records of them: counts, tokens, tokenizer, dtype, checksums and timings.
+    `progress` shows bars on stderr; `digests` gains the SHA-256 of every training file."""
     d = cfg.data
     began = time.monotonic()
     train = corpora(d.train, d.swap_columns)
-    sample, n_lines = _sample(train, cfg)
+    sample, n_lines = _sample(train, cfg, progress, digests)
     sampled = time.monotonic()
     tokenizer = Tokenizer.train(
         [s for s, _ in sample], [t for _, t in sample], cfg.tokenizer, d.src_lang, d.tgt_lang, out
     )
     del sample
     trained = time.monotonic()
-    big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > 1 << 16
+    big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > UINT16_IDS
     dtype = np.dtype(np.int32 if big else np.uint16)
     settings = encode_worker.Settings(
         *tokenizer.protos(),
@@ -57,15 +91,16 @@ def encode_corpus(cfg: Config, out: Path, workers: int) -> dict:
         _heldout_sources(cfg),
         dtype.str,
     )
-    lengths, hashes, counts = _encode(train, settings, out, n_lines, workers)
+    lengths, hashes, counts, files = _encode(train, settings, out, n_lines, workers, progress)
     keep = _first_occurrences(hashes)
     counts["duplicate"] = int(len(keep) - keep.sum())
     if not keep.any():
         raise DataError(f"data.train: {train[0]}: no usable sentence pairs ({drops(counts)})")
+    _check_every_corpus_contributes(train, files, keep)
     if not keep.all():
         _compact(out, lengths, keep, dtype)
         lengths = lengths[keep]
-    _write_lengths(out, lengths)
+    checksums = _write_lengths(out, lengths)
     return {
         "train_files": sum(len(c.files) for c in train),
         "dev_files": len(corpora(d.dev)[0].files),
@@ -76,6 +111,8 @@ def encode_corpus(cfg: Config, out: Path, workers: int) -> dict:
         "bad_lines": counts["bad"],
         "tokens": {"src": int(lengths[:, 0].sum()), "tgt": int(lengths[:, 1].sum())},
         "tokenizer": tokenizer.fingerprint(),
+        "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
+        "files": checksums,
         "seconds": {
             "sample": round(sampled - began, 1),
             "tokenizer": round(trained - sampled, 1),
@@ -99,12 +136,15 @@ def _heldout_sources(cfg: Config) -> frozenset[str]:
     )
 
 
-def _sample(train: list[Corpus], cfg: Config) -> tuple[list[tuple[str, str]], int]:
+def _sample(
+    train: list[Corpus], cfg: Config, progress: bool = True, digests: dict | None = None
+) -> tuple[list[tuple[str, str]], int]:
     """A seeded uniform sample of `tokenizer.input_sentence_size` pairs (all of them, in order,
     when the corpus is smaller) for the tokenizer, and the corpus's line count.
 
     Reservoir sampling over raw lines: one pass, memory bounded by the sample, whatever the
-    size of the corpus; only the sampled lines are parsed and normalised.
+    size of the corpus; only the sampled lines are parsed and normalised. The same pass hashes
+    the files into `digests`, so that a first prepare reads each file twice, not three times.
     """
     size, rng = cfg.tokenizer.input_sentence_size, random.Random(0)
     reservoir: list[tuple[Corpus, int, bytes, bytes | None]] = []
@@ -113,10 +153,13 @@ def _sample(train: list[Corpus], cfg: Config) -> tuple[list[tuple[str, str]], in
     files = [p for c in train for p in c.files]
     compressed = any(p.suffix in OPENERS for p in files)
     total = None if compressed else sum(p.stat().st_size for p in files)
-    with tqdm(total=total, desc="sample", unit="B", unit_scale=True, leave=False) as bar:
+    bar = tqdm(
+        total=total, desc="sample", unit="B", unit_scale=True, leave=False, disable=not progress
+    )
+    with bar:
         for corpus in train:
             read = 0
-            for number, line, tgt_line in raw_lines(corpus):
+            for number, line, tgt_line in raw_lines(corpus, digests):
                 seen += 1
                 read += len(line) + (len(tgt_line) if tgt_line is not None else 0)
                 if number % 65536 == 0:
@@ -153,12 +196,26 @@ def _parse_sample(
 
 
 def _encode(
-    train: list[Corpus], settings: encode_worker.Settings, out: Path, n_lines: int, workers: int
-) -> tuple[np.ndarray, np.ndarray, Counter]:
+    train: list[Corpus],
+    settings: encode_worker.Settings,
+    out: Path,
+    n_lines: int,
+    workers: int,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray, Counter, list[FileCounts]]:
     """Encode every line in a pool of workers, appending to src.bin and tgt.bin in input order;
-    return the (N, 2) lengths and (N,) hashes of the pairs kept, and the counts by reason."""
+    return the (N, 2) lengths and (N,) hashes of the pairs kept, the counts by reason, and
+    what each corpus gave."""
     counts, lengths, hashes = Counter(), [], []
-    bar = tqdm(total=n_lines, desc="prepare", unit="line", unit_scale=True, dynamic_ncols=True)
+    files = [FileCounts() for _ in train]
+    bar = tqdm(
+        total=n_lines,
+        desc="prepare",
+        unit="line",
+        unit_scale=True,
+        dynamic_ncols=True,
+        disable=not progress,
+    )
     # Forked, as PyTorch's DataLoader workers are: spawn would re-run the caller's script.
     context = multiprocessing.get_context("fork")
     with (
@@ -173,35 +230,55 @@ def _encode(
             lengths.append(np.stack([chunk.src_len, chunk.tgt_len], 1))
             hashes.append(chunk.hashes)
             counts.update(chunk.counts)
-            _report_bad(chunk.bad, counts)
+            _count_bad(chunk, files[chunk.corpus])
+            files[chunk.corpus].pairs += len(chunk.hashes)
             bar.update(chunk.lines)
     if not lengths:
-        return np.zeros((0, 2), np.uint16), np.zeros(0, np.uint64), counts
-    return np.concatenate(lengths), np.concatenate(hashes), counts
+        return np.zeros((0, 2), np.uint16), np.zeros(0, np.uint64), counts, files
+    return np.concatenate(lengths), np.concatenate(hashes), counts, files
 
 
 def _chunks(train: list[Corpus]) -> Iterator[encode_worker.Chunk]:
-    for corpus in train:
+    for index, corpus in enumerate(train):
         lines: list[tuple[int, bytes, bytes | None]] = []
         for record in raw_lines(corpus):
             lines.append(record)
             if len(lines) == CHUNK_LINES:
-                yield encode_worker.Chunk(str(corpus.path), corpus.swap, lines)
+                yield encode_worker.Chunk(index, str(corpus.path), corpus.swap, lines)
                 lines = []
         if lines:
-            yield encode_worker.Chunk(str(corpus.path), corpus.swap, lines)
+            yield encode_worker.Chunk(index, str(corpus.path), corpus.swap, lines)
 
 
-def _report_bad(bad: list[tuple[str, int, str]], counts: Counter) -> None:
-    for name, number, reason in bad[: max(0, 5 - (counts["bad"] - len(bad)))]:
+def _count_bad(chunk: encode_worker.Encoded, file: FileCounts) -> None:
+    """Warn of a corpus's first bad lines; refuse it once they pass its share of its lines."""
+    file.lines += chunk.lines
+    file.bad += len(chunk.bad)
+    for name, number, reason in chunk.bad[: max(0, BAD_SHOWN - len(file.shown))]:
+        file.shown.append(f"{name}:{number}")
         log.warning("%s:%d: %s; line skipped", name, number, reason)
-    if counts["bad"] > max(BAD_MIN, BAD_SHARE * counts["lines"]):
-        name, number, reason = bad[0] if bad else ("data.train", 0, "bad lines")
+    if chunk.bad and not file.first_bad:
+        name, number, reason = chunk.bad[0]
+        file.first_bad = f"{name}:{number}: {reason}"
+    if file.bad > max(BAD_MIN, BAD_SHARE * file.lines):
         raise DataError(
-            f"{name}:{number}: {reason}; {counts['bad']} of the first {counts['lines']} lines "
-            f"cannot be read, more than {BAD_SHARE:.0%}: is this file the corpus the config "
-            "means?"
+            f"{file.first_bad}; {file.bad} of the first {file.lines} lines cannot be read, more "
+            f"than {BAD_SHARE:.0%}: is this file the corpus the config means?"
         )
+
+
+def _check_every_corpus_contributes(
+    train: list[Corpus], files: list[FileCounts], keep: np.ndarray
+) -> None:
+    """Refuse a list of corpora one of which gives no pair: an empty or wrong file, or a copy."""
+    ends = np.cumsum([file.pairs for file in files])
+    for corpus, file, end in zip(train, files, ends):
+        if not keep[end - file.pairs : end].any():
+            duplicates = f", {file.pairs} duplicates of earlier pairs" if file.pairs else ""
+            raise DataError(
+                f"data.train: {corpus} contributes no sentence pair ({file.lines} lines, "
+                f"{file.bad} bad{duplicates}): remove it from the list, or check the file"
+            )
 
 
 def _first_occurrences(hashes: np.ndarray) -> np.ndarray:
@@ -227,14 +304,17 @@ def _compact(out: Path, lengths: np.ndarray, keep: np.ndarray, dtype: Any) -> No
         os.replace(out / f"{side}.new", out / f"{side}.bin")
 
 
-def _write_lengths(out: Path, lengths: np.ndarray) -> None:
-    """Each side's lengths and offsets into its token file, then every file made durable."""
+def _write_lengths(out: Path, lengths: np.ndarray) -> dict[str, str]:
+    """Each side's lengths and offsets into its token file, then every file made durable;
+    return the token files' SHA-256 by name, which `mtrain prepare` verifies."""
     for side, column in (("src", 0), ("tgt", 1)):
         np.save(out / f"{side}_len.npy", lengths[:, column].astype(np.uint16))
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths[:, column], out=offsets[1:])
         np.save(out / f"{side}_offsets.npy", offsets)
-    for side in ("src", "tgt"):
-        for name in (f"{side}.bin", f"{side}_len.npy", f"{side}_offsets.npy"):
-            with (out / name).open("rb+") as f:
-                os.fsync(f.fileno())
+    checksums = {}
+    for name in TOKEN_FILES:
+        with (out / name).open("rb+") as f:
+            os.fsync(f.fileno())
+        checksums[name] = fingerprint(out / name)
+    return checksums

@@ -36,6 +36,7 @@ class Settings:
 class Chunk:
     """Consecutive raw lines of one corpus file (or pair of files)."""
 
+    corpus: int  # its index in data.train
     name: str
     swap: bool
     lines: list[tuple[int, bytes, bytes | None]]  # (line number, line, target line or None)
@@ -50,6 +51,7 @@ class Encoded:
     src_len: np.ndarray  # (N,)
     tgt_len: np.ndarray  # (N,)
     hashes: np.ndarray  # (N,) uint64 of the normalised pair: finds exact duplicates
+    corpus: int  # its index in data.train
     lines: int
     counts: Counter = field(default_factory=Counter)
     bad: list[tuple[str, int, str]] = field(default_factory=list)  # (file, line, reason)
@@ -112,6 +114,7 @@ def encode(chunk: Chunk) -> Encoded:
         src_len=np.array([len(s_ids) + 1 for s_ids, _ in kept], np.uint16),
         tgt_len=np.array([len(t_ids) for _, t_ids in kept], np.uint16),
         hashes=np.array(hashes, np.uint64),
+        corpus=chunk.corpus,
         lines=len(chunk.lines),
         counts=counts,
         bad=bad,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import socket
@@ -16,6 +17,7 @@ try:
 except ImportError:  # not POSIX: run directories go unlocked
     fcntl = None
 
+log = logging.getLogger(__name__)
 TMP_SUFFIX = ".tmp"
 LOCK_FILE = ".lock"
 
@@ -170,3 +172,32 @@ class DirectoryLock:
         if self.file is not None:
             self.file.close()  # closing releases the lock
             self.file = None
+
+
+@contextlib.contextmanager
+def wait_for_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive OS lock on the file `path` for `what` (a prepare of DIR), waiting, and
+    saying for whom, while another process holds it. A lock file that cannot be created (a
+    read-only disk) leaves the block unlocked: it can only read, which needs no lock."""
+    try:
+        f = path.open("a+", encoding="utf-8")
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        log.debug("%s: cannot create the lock (%s); reading without it", path, e.strerror)
+        yield
+        return
+    with f:
+        if fcntl is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                log.warning("waiting for %s to finish %s", holder, what)
+                fcntl.flock(f, fcntl.LOCK_EX)  # released by the kernel however the holder ends
+        f.seek(0)
+        f.truncate()
+        f.write(f"mtrain pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        yield

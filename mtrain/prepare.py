@@ -3,24 +3,37 @@ and write flat token arrays that training reads a batch at a time, without holdi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from mtrain.config import Config
-from mtrain.corpus import corpora, fingerprint
+from mtrain.corpus import DataError, corpora, fingerprint
 from mtrain.encode_corpus import drops, encode_corpus
-from mtrain.files import fcntl, sync_directory, write_atomic
+from mtrain.files import sync_directory, wait_for_lock, write_atomic
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # of the prepared directory; a change makes every prepared corpus stale
 MANIFEST = "manifest.json"
+CGROUP = Path("/sys/fs/cgroup")
+
+
+class DamagedCorpus(DataError):
+    """A prepared directory whose files disagree with each other; the message names it."""
+
+    def __init__(self, directory: Path, reason: str):
+        super().__init__(
+            f"{directory}: damaged prepared corpus: {reason}; `mtrain prepare` prepares it again"
+        )
+        self.reason = reason
 
 
 def prepared_dir(cfg: Config) -> Path:
@@ -43,25 +56,32 @@ def _key(cfg: Config) -> str:
     return _sha256(json.dumps(shaping, sort_keys=True))[:12]
 
 
-def file_identity(path: Path, known: dict | None = None) -> dict:
+def file_identity(path: Path, known: dict | None = None, hash_it: bool = True) -> dict:
     """Size, modification time and SHA-256 of a file. The hash (about 1 GB/s) is reused from
-    `known` when size and modification time are unchanged, so a fresh check costs a `stat`."""
+    `known` when size and modification time are unchanged, so a fresh check costs a `stat`;
+    without `hash_it` it is left out, for a later pass over the file to fill in."""
     stat = path.stat()
     identity = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if known and all(known.get(k) == identity[k] for k in identity):
         return known
-    return {**identity, "sha256": fingerprint(path)}
+    return {**identity, "sha256": fingerprint(path)} if hash_it else identity
 
 
 def _inputs(cfg: Config, manifest: dict | None = None) -> list[dict]:
+    """Every input file's identity; hashed only where a manifest of this format can be compared
+    with it (a first prepare hashes its files as it samples them)."""
+    comparable = manifest is not None and manifest.get("format") == FORMAT
     known = {item["path"]: item for item in (manifest or {}).get("inputs", [])}
-    paths = [
+    return [file_identity(p, known.get(str(p)), comparable) for p in _input_paths(cfg)]
+
+
+def _input_paths(cfg: Config) -> list[Path]:
+    return [
         p
         for key in ("train", "dev", "test")
         for corpus in corpora(getattr(cfg.data, key))
         for p in corpus.files
     ]
-    return [file_identity(p, known.get(str(p))) for p in paths]
 
 
 def _read_manifest(directory: Path) -> dict | None:
@@ -75,7 +95,100 @@ def _is_fresh(manifest: dict | None, inputs: list[dict]) -> bool:
     """Whether a prepared corpus's manifest records these inputs, in this format."""
     if manifest is None or manifest.get("format") != FORMAT:
         return False
-    return [i["sha256"] for i in inputs] == [i["sha256"] for i in manifest["inputs"]]
+    return [i.get("sha256") for i in inputs] == [i["sha256"] for i in manifest["inputs"]]
+
+
+def check_prepared(
+    directory: Path, manifest: dict, lengths: dict[str, np.ndarray] | None = None, full=False
+) -> None:
+    """Raise DamagedCorpus unless the token files agree with each other and with the manifest:
+    lengths, offsets, token file sizes and counts; `full` also reads every token file to check
+    its checksum and that every id is within the vocabulary. `lengths`: those already loaded."""
+    try:
+        _check_files(directory, manifest, lengths or {})
+        if full:
+            _check_contents(directory, manifest)
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise DamagedCorpus(directory, f"cannot read it ({_reason(e)})") from None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{Path(e.filename).name}: {e.strerror}"
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+def load_array(directory: Path, name: str, mmap: bool = False) -> np.ndarray:
+    """One array file of a prepared corpus; DamagedCorpus if it cannot be read whole."""
+    try:
+        return np.load(directory / name, mmap_mode="r" if mmap else None)
+    except (OSError, ValueError, EOFError) as e:  # truncated: numpy's header, mmap, or reshape
+        raise DamagedCorpus(
+            directory, f"{name} is truncated or unreadable ({_reason(e)})"
+        ) from None
+
+
+def _check_files(directory: Path, manifest: dict, lengths: dict) -> None:
+    dtype = np.dtype(manifest["dtype"])
+    n = manifest["pairs"]
+    for side in ("src", "tgt"):
+        length = lengths.get(side)
+        if length is None:
+            length = load_array(directory, f"{side}_len.npy", mmap=True)
+        if length.shape != (n,) or length.dtype != np.uint16:
+            raise DamagedCorpus(
+                directory, f"{side}_len.npy holds {length.shape} {length.dtype}, not ({n},) uint16"
+            )
+        tokens = manifest["tokens"][side]
+        if int(length.sum(dtype=np.int64)) != tokens:
+            raise DamagedCorpus(directory, f"{side}_len.npy does not sum to {tokens} tokens")
+        size = (directory / f"{side}.bin").stat().st_size
+        if size != tokens * dtype.itemsize:
+            expected = tokens * dtype.itemsize
+            raise DamagedCorpus(directory, f"{side}.bin has {size} bytes, not {expected}")
+        offsets = load_array(directory, f"{side}_offsets.npy", mmap=True)
+        if offsets.shape != (n + 1,) or offsets.dtype != np.int64:
+            raise DamagedCorpus(
+                directory, f"{side}_offsets.npy holds {offsets.shape} {offsets.dtype}"
+            )
+        # A slice at a time: the whole of a large corpus's offsets would stay resident.
+        start, step = 0, 1 << 20
+        for first in range(0, n + 1, step):
+            part = np.asarray(offsets[first : first + step])  # offsets[first] is `start`
+            ends = np.cumsum(length[first : first + len(part) - 1], dtype=np.int64) + start
+            if part[0] != start or not np.array_equal(part[1:], ends):
+                raise DamagedCorpus(directory, f"{side}_offsets.npy disagrees with {side}_len.npy")
+            start = int(ends[-1]) if len(ends) else start
+            if first + len(part) - 1 < n:  # the next slice starts after this one's last pair
+                start += int(length[first + len(part) - 1])
+        del offsets
+
+
+def _check_contents(directory: Path, manifest: dict) -> None:
+    """Every token file's checksum, and every token id within its vocabulary."""
+    dtype = np.dtype(manifest["dtype"])
+    for name, checksum in manifest.get("files", {}).items():
+        if fingerprint(directory / name) != checksum:
+            raise DamagedCorpus(directory, f"{name} does not match its checksum")
+    vocab = vocab_sizes(directory, manifest)
+    for side in ("src", "tgt"):
+        with (directory / f"{side}.bin").open("rb") as f:
+            while chunk := f.read(1 << 24):
+                ids = np.frombuffer(chunk, dtype)
+                if len(ids) and int(ids.max()) >= vocab[side]:
+                    raise DamagedCorpus(
+                        directory, f"{side}.bin holds ids past its vocabulary of {vocab[side]}"
+                    )
+
+
+def vocab_sizes(directory: Path, manifest: dict) -> dict[str, int]:
+    """Each side's vocabulary size: the manifest's, or its tokenizer's where it records none."""
+    if "vocab" in manifest:
+        return manifest["vocab"]
+    from mtrain.tokenizer import Tokenizer  # light: SentencePiece, no torch
+
+    tokenizer = Tokenizer.load(directory)
+    return {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
 
 
 def identity(manifest: dict) -> dict:
@@ -104,34 +217,38 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def prepare(cfg: Config, workers: int | None = None) -> Path:
+def prepare(
+    cfg: Config, workers: int | None = None, repair: bool = False, progress: bool = True
+) -> Path:
     """Prepare the training corpora of `cfg` unless they already are; return the directory.
 
     The work happens in a hidden temporary directory renamed into place when complete, under
     a lock, so an interrupted prepare is never taken for a finished one and two processes
-    never prepare the same corpus at once.
+    never prepare the same corpus at once. A prepared directory whose files disagree is
+    refused, or with `repair` (`mtrain prepare`, which also reads every token file) prepared
+    again. `progress`: bars on stderr.
     """
     target = prepared_dir(cfg)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(target.with_name(f".{target.name}.lock")):
+    _make_root(Path(cfg.data.prepared_dir))
+    with wait_for_lock(target.with_name(f".{target.name}.lock"), f"a prepare of {target}"):
         # The files as they are; a hash is recomputed only for a file whose stat changed.
         manifest = _read_manifest(target)
         inputs = _inputs(cfg, manifest)
         if _is_fresh(manifest, inputs):
-            return target
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        for pattern in (f".{target.name}.*.tmp", f".{target.name}.*.old"):
-            for stale in target.parent.glob(pattern):
-                shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
-        tmp.mkdir()
+            try:
+                check_prepared(target, manifest, full=repair)
+                _record_stat(target, manifest, inputs)
+                return target
+            except DamagedCorpus as e:
+                if not repair:
+                    raise
+                log.warning("%s: damaged (%s); preparing it again", target, e.reason)
         try:
-            workers = workers or len(os.sched_getaffinity(0))
-            manifest = {"format": FORMAT, "inputs": inputs, **encode_corpus(cfg, tmp, workers)}
-            write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-            _replace_dir(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            manifest = _prepare(cfg, target, inputs, workers, progress)
+        except OSError as e:  # a full disk, say: name the directory, not a hidden file in it
+            if e.filename is None or f".{target.name}." in str(e.filename):
+                raise OSError(e.errno, e.strerror, str(target)) from None
+            raise
     log.info(
         "prepared %s in %.0f s (tokenizer %.0f s): %d pairs read, %d kept; %s; "
         "%d bad lines skipped; %d source and %d target tokens",
@@ -148,12 +265,89 @@ def prepare(cfg: Config, workers: int | None = None) -> Path:
     return target
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with path.open("a") as f:
-        if fcntl is not None:
-            fcntl.flock(f, fcntl.LOCK_EX)  # released by the kernel however the holder ends
-        yield
+def _make_root(root: Path) -> None:
+    """Create data.prepared_dir, or say what stands in its way."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataError(
+            f"data.prepared_dir: {root} is a file, not a directory for prepared corpora"
+        ) from None
+    except NotADirectoryError:
+        raise DataError(
+            f"data.prepared_dir: {root}: a part of the path is a file, not a directory"
+        ) from None
+
+
+def _prepare(
+    cfg: Config, target: Path, inputs: list[dict], workers: int | None, progress: bool
+) -> dict:
+    """Prepare into a temporary directory and rename it to `target`; return its manifest."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for pattern in (f".{target.name}.*.tmp", f".{target.name}.*.old"):
+        for stale in target.parent.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
+    tmp.mkdir()
+    try:
+        digests: dict[Path, Any] = {}
+        encoded = encode_corpus(cfg, tmp, workers or available_cpus(), progress, digests)
+        _check_unchanged(inputs)
+        for item in inputs:
+            if "sha256" not in item:  # hashed while sampled, or a dev or test file
+                digest = digests.get(Path(item["path"]))
+                item["sha256"] = digest.hexdigest() if digest else fingerprint(Path(item["path"]))
+        manifest = {"format": FORMAT, "inputs": inputs, **encoded}
+        write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        _replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _check_unchanged(inputs: list[dict]) -> None:
+    """Refuse a prepare whose input files changed while it read them."""
+    for item in inputs:
+        stat = Path(item["path"]).stat()
+        if (stat.st_size, stat.st_mtime_ns) != (item["size"], item["mtime_ns"]):
+            raise DataError(
+                f"{item['path']} changed while it was being prepared; prepare again once "
+                "nothing writes to it"
+            )
+
+
+def _record_stat(target: Path, manifest: dict, inputs: list[dict]) -> None:
+    """Keep the stat of inputs touched but unchanged, so they are not hashed again at every
+    start; a read-only prepared corpus keeps its manifest, and hashes them again."""
+    if inputs == manifest["inputs"]:
+        return
+    try:
+        write_atomic(target / MANIFEST, json.dumps({**manifest, "inputs": inputs}, indent=1) + "\n")
+    except OSError as e:
+        log.debug("%s: cannot record the inputs' new times (%s)", target, e.strerror)
+
+
+def available_cpus(cgroup: Path = CGROUP) -> int:
+    """The CPUs this process may use: its affinity, bounded by a cgroup's CPU quota (a
+    container's `--cpus`), which affinity does not show."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = _cgroup_quota(cgroup)
+    return max(1, min(cpus or 1, math.ceil(quota))) if quota else cpus or 1
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """CPUs' worth of time a cgroup allows (v2 `cpu.max`, or v1's quota and period)."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -68,6 +68,14 @@ class TrainingData:
         self.stream = BatchStream(
             self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
         )
+        if group.active:  # numpy's random streams differ between builds: compare, not trust
+            mine = (self.stream.order_digest(0), np.__version__)
+            expected = group.broadcast(mine, startup=True)
+            if mine[0] != expected[0]:
+                raise DataError(
+                    f"rank {group.rank}: the batch order differs from rank 0's (numpy "
+                    f"{mine[1]} here, {expected[1]} there): give every machine the same numpy"
+                )
 
     def updates(self, group: Group, accumulate: int) -> Iterator[Update]:
         """Yield this process's share of each optimizer update.
@@ -95,7 +103,9 @@ class TrainingData:
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the data: its fingerprints and the stream's position."""
-        return {"data": self.fingerprints, **self.stream.state_dict()}
+        manifest = self.corpus.manifest
+        counts = {"pairs": manifest["pairs"], "tokens": manifest["tokens"]}
+        return {"data": self.fingerprints, "corpus": counts, **self.stream.state_dict()}
 
     def check_unchanged(self, state: dict, path: Path) -> None:
         """Refuse to resume from the checkpoint `path` if a corpus changed since it was written,
@@ -114,6 +124,24 @@ class TrainingData:
             raise CheckpointError(
                 f"{self.corpus.directory} was prepared with another tokenizer than {path}'s; "
                 "resuming would not continue the same run (train into another --out)"
+            )
+        manifest = self.corpus.manifest
+        counts = {"pairs": manifest["pairs"], "tokens": manifest["tokens"]}
+        if state.get("corpus", counts) != counts:  # absent: written before checkpoints kept it
+            raise CheckpointError(
+                f"{self.corpus.directory} holds {counts['pairs']} pairs and other counts than "
+                f"the corpus {path} was trained on: resuming would not continue the same run "
+                "(train into another --out)"
+            )
+        epoch = state.get("epoch")
+        if isinstance(epoch, int) and state.get("batch_order", "") not in (
+            "",  # written before checkpoints kept it
+            self.stream.order_digest(epoch),
+        ):
+            raise CheckpointError(
+                f"{path}: epoch {epoch}'s batch order differs here from the one it was trained "
+                f"in (numpy {np.__version__} here): resuming would not continue the same run "
+                "(use the numpy it was trained with, or train into another --out)"
             )
 
     def load_state_dict(self, state: dict) -> None:
@@ -137,7 +165,7 @@ def prepared_corpus(
     # The others wait here while rank 0 prepares: start-up, not bounded by --peer-timeout.
     expected = group.broadcast(identity(corpus.manifest) if group.is_main else None, startup=True)
     if not group.is_main:
-        directory = prepare(cfg)
+        directory = prepare(cfg, progress=False)  # the README: other ranks print only errors
         corpus = TokenCorpus(directory)
     if identity(corpus.manifest) != expected:  # the tokenizer's fingerprint included
         raise DataError(

@@ -17,6 +17,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -342,3 +343,97 @@ def test_resume_without_last_pt_keeps_the_other_checkpoints(run):
     status, _, err = run_cli("train", "--config", str(run / "config.yaml"), "--out", str(run))
     assert status == 2 and "holds checkpoints but no last.pt" in err
     assert (run / "best.pt").read_bytes() == best
+
+
+# Prepared corpora damaged as a disk or a careless copy leaves them.
+
+
+def cut_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def overwrite_ff(path: Path) -> None:
+    """0xFF over the whole file, its size kept: every id past the vocabulary."""
+    path.write_bytes(b"\xff" * path.stat().st_size)
+
+
+PREPARED_DAMAGE = {
+    "truncated src_offsets.npy": ("src_offsets.npy", cut_half),
+    "truncated src.bin": ("src.bin", cut_half),
+    "truncated tgt_len.npy": ("tgt_len.npy", cut_half),
+    "0xFF over src.bin": ("src.bin", overwrite_ff),
+}
+
+
+@pytest.fixture(scope="module")
+def prepared_once(corpus, tmp_path_factory) -> Path:
+    """A prepared corpus to copy: preparing it costs a tokenizer's training."""
+    from mtrain.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    return prepare(prepared_config({**corpus, "prepared_dir": str(root)}))
+
+
+def prepared_config(corpus):
+    from mtrain import config
+
+    return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus))
+
+
+@pytest.mark.parametrize("damage", sorted(PREPARED_DAMAGE))
+def test_a_damaged_prepared_corpus_is_refused_then_prepared_again(
+    corpus, prepared_once, tmp_path, damage
+):
+    """Training refuses it in one line naming the directory; `mtrain prepare` prepares it
+    again, to the same bytes."""
+    root = tmp_path / "prepared"
+    shutil.copytree(prepared_once, root / prepared_once.name)
+    target = root / prepared_once.name
+    files = {p.name: p.read_bytes() for p in target.iterdir()}
+    name, damage_it = PREPARED_DAMAGE[damage]
+    damage_it(target / name)
+    sets = [f"--set={s}" for s in overrides({**corpus, "prepared_dir": str(root)}, max_steps=2)]
+    config = str(REPO / "configs" / "tiny.yaml")
+    status, _, err = run_cli("train", "--config", config, "--out", str(tmp_path / "run"), *sets)
+    errors = [line for line in err.splitlines() if line.startswith("mtrain: error:")]
+    assert status == 2 and len(errors) == 1, err
+    assert errors[0].startswith(f"mtrain: error: {target}: damaged prepared corpus: ")
+    assert errors[0].endswith("; `mtrain prepare` prepares it again")
+    status, out, err = run_cli("prepare", "--config", config, *sets)
+    assert status == 0, err
+    assert out.strip() == str(target)
+    again = {p.name: p.read_bytes() for p in target.iterdir()}
+    for file in ("src.bin", "tgt.bin", "src_len.npy", "tgt_len.npy", "src_offsets.npy"):
+        assert again[file] == files[file], file
+    status, out, err = run_cli("prepare", "--config", config, *sets)  # now it is sound
+    assert status == 0 and "damaged" not in err and "prepared " not in err
+
+
+@pytest.mark.parametrize("cut", ["src_offsets.npy", "src.bin"])
+def test_a_token_file_cut_short_after_opening_is_named_not_read_as_zeros(
+    prepared_once, tmp_path, cut
+):
+    from mtrain.dataset import TokenCorpus
+    from mtrain.prepare import DamagedCorpus
+
+    target = tmp_path / prepared_once.name
+    shutil.copytree(prepared_once, target)
+    prepared = TokenCorpus(target)
+    os.truncate(target / cut, 64)  # a pread past the end returns nothing
+    last = np.array([len(prepared) - 1])
+    with pytest.raises(DamagedCorpus, match=rf"^{target}: damaged prepared corpus: {cut} ends"):
+        prepared.collate(last)
+
+
+def test_offsets_that_disagree_with_the_lengths_are_refused(prepared_once, tmp_path):
+    from mtrain.dataset import TokenCorpus
+    from mtrain.prepare import DamagedCorpus
+
+    target = tmp_path / prepared_once.name
+    shutil.copytree(prepared_once, target)
+    offsets = np.load(target / "tgt_offsets.npy")
+    offsets[5] += 1  # the same size, one pair shifted
+    np.save(target / "tgt_offsets.npy", offsets)
+    with pytest.raises(DamagedCorpus, match=r"tgt_offsets\.npy disagrees with tgt_len\.npy"):
+        TokenCorpus(target)

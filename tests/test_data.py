@@ -238,3 +238,17 @@ def test_final_punctuation_is_dropped_with_its_probability():
     assert (
         drop_final_punctuation(src, punctuation, 1.0)[0::3].tolist() == [[5, EOS_ID, PAD_ID]] * 2000
     )
+
+
+def test_the_batch_order_digest_is_of_the_final_order(monkeypatch):
+    src_len, tgt_len = random_lengths(300)
+    stream = BatchStream(src_len, tgt_len, 200, seed=3)
+    digest = stream.order_digest()
+    assert stream.state_dict()["batch_order"] == digest
+    assert BatchStream(src_len, tgt_len, 200, seed=3).order_digest() == digest
+    assert stream.order_digest(1) != digest  # each epoch its own order
+    assert BatchStream(src_len, tgt_len, 200, seed=4).order_digest() != digest
+    swapped = BatchStream(src_len, tgt_len, 200, seed=3)
+    order = swapped.epoch_order(0)
+    order[0], order[1] = order[1], order[0]  # the same batches, two of them swapped
+    assert swapped.order_digest() != digest

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import lzma
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,14 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtrain import config
-from mtrain.corpus import DataError
+from mtrain import config, encode_corpus
+from mtrain import prepare as prepare_module
+from mtrain.corpus import OPENERS, DataError, check_files, corpora, fingerprint
 from mtrain.data import Batch, encode_pairs, read_parallel
 from mtrain.dataset import TokenCorpus
-from mtrain.prepare import prepare
+from mtrain.prepare import identity, prepare, prepared_dir
 from mtrain.tokenizer import Tokenizer
+from mtrain.training_data import prepared_corpus
 
 from .synthetic import REPO, number_pairs, overrides
+from .test_training_data import Replies
 
 
 def write_tsv(path: Path, pairs, opener=open) -> Path:
@@ -208,10 +214,293 @@ def test_a_changed_corpus_is_prepared_again(tmp_path, corpus):
     cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
     first = prepare(cfg)
     before = TokenCorpus(first).manifest
-    os.utime(train)  # touched, not changed: the hash says it is the same corpus
-    assert prepare(cfg) == first and TokenCorpus(first).manifest == before
+    os.utime(train, ns=(1, 1))  # touched, not changed: the hash says it is the same corpus
+    assert prepare(cfg) == first
+    touched = TokenCorpus(first).manifest
+    assert touched["inputs"][0]["mtime_ns"] == 1  # the new stat kept: hashed once, not always
+    assert {**touched, "inputs": before["inputs"]} == before
     with train.open("a", encoding="utf-8") as f:
         f.write("八八八八\teight eight eight eight\n")
     after = TokenCorpus(prepare(cfg)).manifest
     assert after["inputs"][0]["sha256"] != before["inputs"][0]["sha256"]
     assert after["pairs_read"] == before["pairs_read"] + 1
+
+
+def test_a_touched_corpus_is_hashed_once_not_at_every_start(tmp_path, corpus, monkeypatch):
+    train = write_tsv(tmp_path / "train.tsv", number_pairs(200, seed=5))
+    cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
+    first = prepare(cfg)
+    os.utime(train, ns=(1, 1))
+    assert prepare(cfg) == first  # hashes the touched file, finds it unchanged
+    hashed = []
+    monkeypatch.setattr(prepare_module, "fingerprint", lambda path: hashed.append(path))
+    assert prepare(cfg) == first
+    assert hashed == []
+
+
+# Constants lowered so that a few hundred lines cross chunks, the tokenizer sample and the
+# bad-line threshold, as millions of lines do with the real ones.
+
+
+def in_memory_encoding(prepared: TokenCorpus, train: list[Path], corpus, cfg) -> None:
+    """Assert that `prepared` holds the distinct pairs of `train`, in order, as encoded in
+    memory by its own tokenizer."""
+    tokenizer = Tokenizer.load(prepared.directory)
+    pairs = [p for path in train for p in read_parallel(path, "zh", "en")]
+    heldout = {
+        s for key in ("dev", "test") for s, _ in read_parallel(Path(corpus[key]), "zh", "en")
+    }
+    pairs = [p for p in dict.fromkeys(pairs) if p[0] not in heldout]
+    d = cfg.data
+    got = Batch.collate(
+        encode_pairs(tokenizer, pairs, d.max_src_len, d.max_tgt_len, drop_long=True)
+    )
+    batch = prepared.collate(np.arange(len(prepared)))
+    assert len(prepared) == len(got.src) > 0
+    for name in ("src", "tgt_in", "tgt_out"):
+        a, b = getattr(batch, name), getattr(got, name)
+        assert a.tolist() == b[:, : a.shape[1]].tolist() and (b[:, a.shape[1] :] == 0).all()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(encode_corpus, "CHUNK_LINES", 7)
+
+
+def test_chunks_and_the_tokenizer_sample_cross_their_sizes(tmp_path, corpus, small_chunks):
+    """400 lines in 58 chunks of 7 over 2 workers, and a tokenizer sample of 150: an unordered
+    pool or a wrong slice of a later chunk would show."""
+    train = [write_tsv(tmp_path / "a.tsv", number_pairs(250, 21)), Path(corpus["train"])]
+    cfg = cfg_for(corpus, tmp_path, train=[str(p) for p in train])
+    cfg.tokenizer.input_sentence_size = 150
+    prepared = TokenCorpus(prepare(cfg, workers=2))
+    in_memory_encoding(prepared, train, corpus, cfg)
+    assert prepared.manifest["pairs_read"] == 650
+
+
+def test_the_tokenizer_sample_is_uniform_over_every_file(tmp_path, corpus):
+    lines = [(f"{i:05d}", "x") for i in range(4000)]
+    train = [
+        write_tsv(tmp_path / "a.tsv", lines[:1000]),
+        write_tsv(tmp_path / "b.tsv", lines[1000:]),
+    ]
+    cfg = cfg_for(corpus, tmp_path, train=[str(p) for p in train])
+    cfg.tokenizer.input_sentence_size = 400
+    digests = {}
+    sample, n_lines = encode_corpus._sample(corpora(cfg.data.train), cfg, False, digests)
+    assert n_lines == 4000 and len(sample) == 400
+    quarters = np.bincount([int(src) // 1000 for src, _ in sample], minlength=4)
+    assert (quarters > 70).all(), quarters  # 100 each expected; a biased reservoir is far off
+    # The same pass hashed the files, as stored.
+    assert {p: d.hexdigest() for p, d in digests.items()} == {p: fingerprint(p) for p in train}
+
+
+def test_a_first_prepare_hashes_the_training_files_while_sampling(tmp_path, corpus, monkeypatch):
+    train = write_tsv(tmp_path / "train.tsv.gz", number_pairs(300, 4), gzip.open)
+    cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
+    hashed = []
+    real = prepare_module.fingerprint
+    monkeypatch.setattr(prepare_module, "fingerprint", lambda p: hashed.append(p) or real(p))
+    manifest = TokenCorpus(prepare(cfg)).manifest
+    assert train not in hashed and hashed  # the dev and test files, read once by themselves
+    assert manifest["inputs"][0]["sha256"] == real(train)
+
+
+def test_token_ids_are_int32_past_a_uint16_vocabulary(tmp_path, corpus, monkeypatch, small_chunks):
+    uint16 = TokenCorpus(prepare(cfg_for(corpus, tmp_path / "uint16")))
+    monkeypatch.setattr(encode_corpus, "UINT16_IDS", 100)  # below the vocabulary of 300
+    cfg = cfg_for(corpus, tmp_path / "int32")
+    int32 = TokenCorpus(prepare(cfg, workers=2))
+    assert int32.manifest["dtype"] == "<i4" and uint16.manifest["dtype"] == "<u2"
+    size = (int32.directory / "src.bin").stat().st_size
+    assert size == 4 * int32.manifest["tokens"]["src"]
+    everything = np.arange(len(uint16))
+    a, b = uint16.collate(everything), int32.collate(everything)
+    assert all(getattr(a, k).equal(getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
+    in_memory_encoding(int32, [Path(corpus["train"])], corpus, cfg)
+
+
+@pytest.mark.parametrize("bad", [3, 4])
+def test_the_bad_line_limit_is_per_file_and_names_its_first(
+    tmp_path, corpus, monkeypatch, bad, small_chunks
+):
+    """A second file with 4 bad lines of 24 is refused at a limit of 3 a file, though the 4 are
+    under 1% of all 424 lines; it is named by its first bad line, in another chunk."""
+    monkeypatch.setattr(encode_corpus, "BAD_MIN", 3)
+    good = [f"{zh}\t{en}\n" for zh, en in number_pairs(20, 31)]
+    lines = good[:]
+    for i in range(bad):  # lines 3, 10, 17 and 24: one in each chunk of 7
+        lines.insert(2 + 7 * i, f"bad line {i}\n")
+    second = tmp_path / "second.tsv"
+    second.write_text("".join(lines), "utf-8")
+    cfg = cfg_for(corpus, tmp_path, train=[corpus["train"], str(second)])
+    if bad == 3:
+        assert TokenCorpus(prepare(cfg)).manifest["bad_lines"] == 3
+        return
+    message = r"second\.tsv:3: expected 2 or 4 .*; 4 of the first 24 lines cannot be read"
+    with pytest.raises(DataError, match=message):
+        prepare(cfg)
+
+
+@pytest.mark.parametrize("content", ["", "no tab\n" * 50, "copy"])
+def test_a_corpus_that_gives_no_pair_is_named(tmp_path, corpus, content):
+    """An empty file, one of bad lines only (under the limit after a good one), a copy of
+    an earlier corpus: each is named, not taken in silently."""
+    other = tmp_path / "other.tsv"
+    if content == "copy":
+        shutil.copy(corpus["train"], other)
+    else:
+        other.write_text(content, "utf-8")
+    cfg = cfg_for(corpus, tmp_path, train=[corpus["train"], str(other)])
+    with pytest.raises(DataError, match=rf"data\.train: {other} contributes no sentence pair"):
+        prepare(cfg)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+def test_a_corrupt_archive_is_named(tmp_path, corpus, suffix):
+    train = write_tsv(tmp_path / f"train.tsv{suffix}", number_pairs(300, 4), OPENERS[suffix])
+    data = bytearray(train.read_bytes())
+    # gz: deflate's block header, after the 10-byte header and the file's name
+    data[data.index(0, 10) + 3 if suffix == ".gz" else len(data) // 2] ^= 0xFF
+    train.write_bytes(data)
+    with pytest.raises(DataError, match=rf"^{train}: cannot read \("):
+        prepare(cfg_for({**corpus, "train": str(train)}, tmp_path))
+
+
+def test_lengths_past_uint16_are_refused_by_the_config(corpus):
+    sets = [*overrides(corpus), "train.batch_tokens=200000"]
+    with pytest.raises(config.ConfigError, match=r"data\.max_src_len: at most 65535, got 70000"):
+        config.load(REPO / "configs" / "tiny.yaml", [*sets, "data.max_src_len=70000"])
+    config.load(REPO / "configs" / "tiny.yaml", [*sets, "data.max_tgt_len=65535"])
+
+
+def test_an_input_changed_while_prepared_is_refused(tmp_path, corpus, monkeypatch):
+    train = write_tsv(tmp_path / "train.tsv", number_pairs(200, 5))
+    cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
+    real = prepare_module.encode_corpus
+
+    def appended_meanwhile(*args, **kwargs):
+        with train.open("a", encoding="utf-8") as f:
+            f.write("八\teight\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prepare_module, "encode_corpus", appended_meanwhile)
+    with pytest.raises(DataError, match=f"{train} changed while it was being prepared"):
+        prepare(cfg)
+    assert [p.name for p in (tmp_path / "prepared").iterdir()] == [
+        f".{prepared_dir(cfg).name}.lock"
+    ]
+
+
+def test_other_ranks_prepare_without_progress_bars(tmp_path, corpus, capsys):
+    cfg = cfg_for(corpus, tmp_path / "main")
+    expected = identity(TokenCorpus(prepare(cfg)).manifest)
+    capsys.readouterr()
+    other = cfg_for(corpus, tmp_path / "other")  # another machine: prepares its own copy
+    prepared_corpus(other, tmp_path, Replies(rank=1, world_size=2, replies=[expected]), False)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_rank_whose_corpus_differs_from_rank_0s_is_refused(tmp_path, corpus):
+    cfg = cfg_for(corpus, tmp_path)
+    expected = identity(TokenCorpus(prepare(cfg)).manifest)
+    group = Replies(rank=1, world_size=2, replies=[{**expected, "pairs": 1}])
+    with pytest.raises(DataError, match=rf"rank 1: {prepared_dir(cfg)} differs from rank 0's"):
+        prepared_corpus(cfg, tmp_path, group, False)
+
+
+def test_workers_stay_within_the_cgroup_cpu_quota(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # docker --cpus=1.5
+    assert prepare_module.available_cpus(tmp_path) == 2
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert prepare_module.available_cpus(tmp_path) == 8
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()  # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert prepare_module.available_cpus(tmp_path) == 3
+
+
+def test_a_read_only_prepared_corpus_can_be_trained_on(tmp_path, corpus, monkeypatch):
+    cfg = cfg_for(corpus, tmp_path)
+    target = prepare(cfg)
+    target.with_name(f".{target.name}.lock").unlink()
+    real_open = Path.open
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if tmp_path / "prepared" in Path(path).parents and set(mode) & set("wa+"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    assert prepare(cfg) == target
+    os.utime(Path(corpus["dev"]))  # touched: hashed again, its new stat cannot be kept
+    assert prepare(cfg) == target
+
+
+def test_a_full_disk_names_the_prepared_directory(tmp_path, corpus, monkeypatch):
+    def full(cfg, out, *args):
+        (out / "src.bin").write_bytes(b"")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(prepare_module, "encode_corpus", full)
+    cfg = cfg_for(corpus, tmp_path)
+    with pytest.raises(OSError) as e:
+        prepare(cfg)
+    assert e.value.filename == str(prepared_dir(cfg)) and e.value.errno == errno.ENOSPC
+
+
+def test_prepared_dir_naming_a_file_is_named_with_its_key(tmp_path, corpus):
+    (tmp_path / "prepared").write_text("mine")
+    with pytest.raises(DataError, match=f"data.prepared_dir: {tmp_path / 'prepared'} is a file"):
+        prepare(cfg_for(corpus, tmp_path))
+    assert (tmp_path / "prepared").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_as_a_corpus_is_named_for_what_it_is(tmp_path, kind):
+    path = Path("/dev/null") if kind == "device" else tmp_path / "pipe"
+    if kind == "fifo":
+        os.mkfifo(path)
+    what = "a character device" if kind == "device" else r"a named pipe \(FIFO\)"
+    with pytest.raises(DataError, match=f"^data.train: {path} is {what}, not a corpus file$"):
+        check_files(str(path), "data.train")
+
+
+def test_a_second_prepare_says_whom_it_waits_for(tmp_path, corpus):
+    """Two prepares of one corpus: the second waits for the first's lock, and says so."""
+    root = tmp_path / "prepared"
+    sets = [*overrides({**corpus, "prepared_dir": str(root)})]
+    command = [sys.executable, "-m", "mtrain", "prepare", "--config", "configs/tiny.yaml"]
+    command += [f"--set={s}" for s in sets]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: os.nice(19),
+    )
+    try:
+        while first.poll() is None and not list(root.glob(".*.tmp")):  # it holds the lock
+            time.sleep(0.01)
+        assert first.poll() is None, "the first prepare ended before it could be held"
+        first.send_signal(signal.SIGSTOP)
+        second = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        ready, _, _ = select.select([second.stderr], [], [], 300)  # a hang fails, not waits
+        line = second.stderr.readline() if ready else "(nothing)"  # its first words: it waits
+        assert f"waiting for mtrain pid {first.pid} on " in line, line
+        assert "to finish a prepare of" in line
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, _ = first.communicate()
+    assert first.returncode == 0
+    out2, err2 = second.communicate()
+    assert second.returncode == 0, err2
+    assert out.strip() == out2.strip()
+    assert "prepared " not in err2  # it found the first's work done

@@ -25,11 +25,12 @@ def prepare(
 
     `mtrain train` does this by itself when the prepared corpus is missing or stale (a
     training file, the tokenizer settings or the cleaning rules changed); run it ahead to
-    prepare a large corpus once, on the machine and at the time of your choosing.
+    prepare a large corpus once, on the machine and at the time of your choosing. It also
+    reads every prepared file back, and prepares again a directory a disk or a copy damaged.
     """
     from mtrain.prepare import prepare as prepare_corpus  # keeps other commands light
 
     setup_logging()
     cfg = config.load(config_path, overrides or [], require_data=True)
     resolve_data(cfg, config_path)
-    typer.echo(str(prepare_corpus(cfg)))
+    typer.echo(str(prepare_corpus(cfg, repair=True)))
