@@ -1,3 +1,4 @@
+import hashlib
 import sys
 from pathlib import Path
 
@@ -42,6 +43,23 @@ def test_shipped_split_has_no_leakage():
         assert not {r[3] for r in rows} & seen_en, name
     dev, test = shipped_split("dev"), shipped_split("test")
     assert not {r[3] for r in dev} & {r[3] for r in test}
+    assert not {normalize(r[1], "zh") for r in dev} & {normalize(r[1], "zh") for r in test}
+
+
+def test_shipped_dev_has_2000_sources_each_with_every_reference():
+    """Validation reads the dev split as 2,000 sources, each scored against all its English."""
+    sources, refs = group_references(read_pairs(Corpus(DATA / "dev.tsv"), "zh", "en", scored=True))
+    assert len(sources) == len(set(sources)) == 2000
+    expected: dict[str, set[str]] = {}
+    for _, zh, _, en in shipped_split("dev"):
+        expected.setdefault(normalize(zh, "zh"), set()).add(en)
+    assert {s: set(r) for s, r in zip(sources, refs)} == expected
+    assert sum(map(len, refs)) == len(shipped_split("dev"))
+
+
+def test_shipped_test_split_is_the_one_every_published_score_used():
+    digest = hashlib.sha256((DATA / "test.tsv").read_bytes()).hexdigest()
+    assert digest == "2228e3631c53374ae0a8036470854558288f0dc34cda363d0574dbf82c3d8d56"
 
 
 def test_split_is_deterministic_and_reproduces_the_shipped_data():
@@ -49,7 +67,7 @@ def test_split_is_deterministic_and_reproduces_the_shipped_data():
     parts = [shipped_split(n) for n in ("train", "dev", "test")]
     rows = [r for part in reversed(parts) for r in part]  # any order must give the same split
     groups = prepare_tatoeba.connected_groups(prepare_tatoeba.drop_duplicates(rows))
-    again = prepare_tatoeba.split(groups, 2000, 1000, 8)
+    again = prepare_tatoeba.split(groups, 2000, 2000, 8)
     assert [sorted(p) for p in again] == [sorted(p) for p in parts]
 
 
