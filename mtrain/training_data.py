@@ -17,7 +17,7 @@ import torch
 
 from mtrain.config import Config
 from mtrain.corpus import DataError, corpora, read_pairs
-from mtrain.data import Batch, encode_pairs, group_references
+from mtrain.data import Batch, ShapeGrid, encode_pairs, group_references
 from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import Group
 from mtrain.files import write_atomic
@@ -62,11 +62,19 @@ class TrainingData:
             self.tokenizer, dev_pairs, dcfg.max_src_len, dcfg.max_tgt_len
         )
         self.dev_sources, self.dev_refs = group_references(dev_pairs)
+        warn_truncated(self.tokenizer, self.dev_sources, dcfg.max_src_len, str(dev))
         self.drop_final_punct = dcfg.drop_final_punct
         self.punctuation = torch.tensor(self.tokenizer.src_punctuation_ids(), dtype=torch.long)
         tcfg = cfg.train
         self.stream = BatchStream(
             self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
+        )
+        # The stream's batches come from this grid; it gives each batch its padded shape.
+        self.grid = ShapeGrid(self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens)
+        log.info(
+            "training batches in %d shapes, %.1f%% of their positions padding",
+            len(self.grid.shapes),
+            100 * self.grid.padding,
         )
         if group.active:  # numpy's random streams differ between builds: compare, not trust
             mine = (self.stream.order_digest(0), np.__version__)
@@ -93,13 +101,17 @@ class TrainingData:
             every = np.concatenate(indices)
             n_target = int(self.corpus.tgt_len[every].sum(dtype=np.int64)) + len(every)
             n_source = int(self.corpus.src_len[every].sum(dtype=np.int64))
-            batches = [self.corpus.collate(b) for b in indices[mine]]
+            batches = [self.batch(b) for b in indices[mine]]
             if self.drop_final_punct:
                 for batch in batches:
                     batch.src = drop_final_punctuation(
                         batch.src, self.punctuation, self.drop_final_punct
                     )
             yield Update(batches, n_target, n_source + n_target)
+
+    def batch(self, indices: np.ndarray) -> Batch:
+        """The batch of the stream that holds pairs `indices`, padded to its grid shape."""
+        return self.corpus.collate(indices).padded_to(self.grid.shape(indices))
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the data: its fingerprints and the stream's position."""
@@ -147,6 +159,18 @@ class TrainingData:
     def load_state_dict(self, state: dict) -> None:
         """Take the batch stream back to where the checkpoint `state` left it."""
         self.stream.load_state_dict(state)
+
+
+def warn_truncated(tokenizer: Tokenizer, sources: list[str], max_src_len: int, where: str) -> None:
+    """Warn once, as the dev set is read, of the sources every validation will truncate."""
+    too_long = sum(len(ids) >= max_src_len for ids in tokenizer.encode_src(sources))
+    if too_long:
+        log.warning(
+            "%s: %d source sentence(s) truncated to %d tokens at every validation",
+            where,
+            too_long,
+            max_src_len,
+        )
 
 
 def prepared_corpus(

@@ -46,10 +46,12 @@ class Translator:
         decode: DecodeConfig | None = None,
         nbest: int = 1,
         use_cache: bool = True,  # False re-runs the decoder over the whole prefix each step
+        warn_truncated: bool = True,  # False where the reader of the sources warned once
     ):
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, cfg, device
         self.decode = decode or cfg.decode
         self.nbest, self.use_cache = nbest, use_cache
+        self.warn_truncated = warn_truncated
 
     def _limits(self, src: torch.Tensor) -> torch.Tensor:
         """(B,) the most tokens each sentence of a (B, S) batch may translate to."""
@@ -70,7 +72,7 @@ class Translator:
         max_src_len = self.cfg.data.max_src_len
         ids = self.tokenizer.encode_src(sources)
         too_long = sum(len(x) >= max_src_len for x in ids)
-        if too_long:
+        if too_long and self.warn_truncated:
             log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
         return [source_ids(x, max_src_len) for x in ids]
 

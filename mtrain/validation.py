@@ -47,5 +47,7 @@ def dev_scores(
         total += loss_fn(logits, batch.tgt_out, 0.0, "sum").item()
         tokens += batch.n_target_tokens
     greedy = dataclasses.replace(cfg.decode, beam_size=1)
-    hyps = Translator(model, data.tokenizer, cfg, device, greedy).translate(data.dev_sources)
+    # TrainingData warned of the dev sources truncated when it read them: not again here.
+    translator = Translator(model, data.tokenizer, cfg, device, greedy, warn_truncated=False)
+    hyps = translator.translate(data.dev_sources)
     return total / tokens, score(hyps, data.dev_refs, cfg.data.tgt_lang)

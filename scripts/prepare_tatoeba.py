@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("export", type=Path, help="Tatoeba cmn-eng sentence-pairs TSV")
     parser.add_argument("--out", type=Path, default=Path("data/tatoeba"))
     parser.add_argument("--test", type=int, default=2000, help="distinct Chinese sentences")
-    parser.add_argument("--dev", type=int, default=1000, help="distinct Chinese sentences")
+    parser.add_argument("--dev", type=int, default=2000, help="distinct Chinese sentences")
     parser.add_argument(
         "--max-group",
         type=int,

@@ -1,25 +1,36 @@
+import hashlib
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mtrain import config, data
 from mtrain.corpus import Corpus, read_pairs
 from mtrain.data import (
     Batch,
     DataError,
     Example,
+    Shape,
+    ShapeGrid,
     decode_lines,
     encode_pairs,
     group_references,
     read_lines,
+    sorted_batches,
     split_batches,
     token_batches,
 )
-from mtrain.dataset import BatchStream, drop_final_punctuation
+from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
+from mtrain.optim import loss_fn
+from mtrain.prepare import prepare
 from mtrain.text import normalize
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+from .synthetic import small_model
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "tatoeba"
@@ -42,6 +53,23 @@ def test_shipped_split_has_no_leakage():
         assert not {r[3] for r in rows} & seen_en, name
     dev, test = shipped_split("dev"), shipped_split("test")
     assert not {r[3] for r in dev} & {r[3] for r in test}
+    assert not {normalize(r[1], "zh") for r in dev} & {normalize(r[1], "zh") for r in test}
+
+
+def test_shipped_dev_has_2000_sources_each_with_every_reference():
+    """Validation reads the dev split as 2,000 sources, each scored against all its English."""
+    sources, refs = group_references(read_pairs(Corpus(DATA / "dev.tsv"), "zh", "en", scored=True))
+    assert len(sources) == len(set(sources)) == 2000
+    expected: dict[str, set[str]] = {}
+    for _, zh, _, en in shipped_split("dev"):
+        expected.setdefault(normalize(zh, "zh"), set()).add(en)
+    assert {s: set(r) for s, r in zip(sources, refs)} == expected
+    assert sum(map(len, refs)) == len(shipped_split("dev"))
+
+
+def test_shipped_test_split_is_the_one_every_published_score_used():
+    digest = hashlib.sha256((DATA / "test.tsv").read_bytes()).hexdigest()
+    assert digest == "2228e3631c53374ae0a8036470854558288f0dc34cda363d0574dbf82c3d8d56"
 
 
 def test_split_is_deterministic_and_reproduces_the_shipped_data():
@@ -49,7 +77,7 @@ def test_split_is_deterministic_and_reproduces_the_shipped_data():
     parts = [shipped_split(n) for n in ("train", "dev", "test")]
     rows = [r for part in reversed(parts) for r in part]  # any order must give the same split
     groups = prepare_tatoeba.connected_groups(prepare_tatoeba.drop_duplicates(rows))
-    again = prepare_tatoeba.split(groups, 2000, 1000, 8)
+    again = prepare_tatoeba.split(groups, 2000, 2000, 8)
     assert [sorted(p) for p in again] == [sorted(p) for p in parts]
 
 
@@ -252,3 +280,113 @@ def test_the_batch_order_digest_is_of_the_final_order(monkeypatch):
     order = swapped.epoch_order(0)
     order[0], order[1] = order[1], order[0]  # the same batches, two of them swapped
     assert swapped.order_digest() != digest
+
+
+@pytest.fixture(scope="module")
+def shipped_corpus(tmp_path_factory) -> tuple[TokenCorpus, config.Config]:
+    """The shipped training corpus, prepared as configs/default.yaml prepares it."""
+    cfg = config.load(REPO / "configs" / "default.yaml")
+    for key in ("train", "dev", "test"):
+        setattr(cfg.data, key, str(REPO / getattr(cfg.data, key)))
+    cfg.data.prepared_dir = str(tmp_path_factory.mktemp("prepared"))
+    return TokenCorpus(prepare(cfg, workers=2)), cfg
+
+
+def test_shipped_corpus_meets_few_shapes_little_padding_and_full_batches(shipped_corpus):
+    corpus, cfg = shipped_corpus
+    budget = cfg.train.batch_tokens
+    grid = ShapeGrid(corpus.src_len, corpus.tgt_len, budget)
+    stream = BatchStream(corpus.src_len, corpus.tgt_len, budget, cfg.train.seed)
+    met, tokens, positions = set(), 0, 0
+    for epoch in range(3):  # the grid depends on the lengths alone: epochs meet the same shapes
+        batches = stream.epoch_order(epoch)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(len(corpus)))
+        for indices in batches:
+            batch = corpus.collate(indices).padded_to(grid.shape(indices))
+            rows, src_len = batch.src.shape
+            met.add((rows, src_len, batch.tgt_in.size(1)))
+            assert rows * (src_len + batch.tgt_in.size(1)) <= budget
+            if epoch == 0:
+                tokens += batch.n_tokens
+                positions += batch.src.numel() + batch.tgt_out.numel()
+    assert met == {(s.rows, s.src_len, s.tgt_len) for s in grid.shapes}
+    assert len(met) <= data.MAX_SHAPES
+    padding = 1 - tokens / positions
+    assert padding == pytest.approx(grid.padding) and padding < 0.10
+    assert tokens == corpus.src_len.sum() + corpus.tgt_len.sum() + len(corpus)  # </s> or <s>
+    # Batches stay full: about as many updates an epoch as batches padded to their longest.
+    unpadded = sorted_batches(corpus.src_len, corpus.tgt_len, budget, np.random.default_rng(0))
+    assert len(batches) <= 1.02 * len(unpadded)
+
+
+# Lengths up to 71 source and decoder positions; budgets that hold one pair of each.
+lengths = st.lists(st.tuples(st.integers(1, 71), st.integers(0, 70)), min_size=1, max_size=3000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths, st.integers(142, 4000), st.integers(0, 2**32 - 1), st.integers(3, 64))
+def test_grid_batches_cover_each_pair_once_in_few_full_shapes(pairs, budget, seed, max_shapes):
+    src_len = np.array([s for s, _ in pairs], np.uint16)
+    tgt_len = np.array([t for _, t in pairs], np.uint16)
+    original, data.MAX_SHAPES = data.MAX_SHAPES, max_shapes  # crosses the search for fewer
+    try:
+        grid = ShapeGrid(src_len, tgt_len, budget)
+    finally:
+        data.MAX_SHAPES = original
+    assert len(grid.shapes) <= max_shapes
+    batches = grid.batches(np.random.default_rng(seed))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(pairs)))
+    partial = 0
+    for indices in batches:
+        shape = grid.shape(indices)
+        assert shape.rows * (shape.src_len + shape.tgt_len) <= budget
+        assert src_len[indices].max() <= shape.src_len
+        assert tgt_len[indices].max() + 1 <= shape.tgt_len
+        assert len(indices) <= shape.rows
+        partial += len(indices) < shape.rows
+    assert partial <= 1  # only the last cell may end in a batch it does not fill
+    again = ShapeGrid(src_len, tgt_len, budget).batches(np.random.default_rng(seed))
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+
+
+def test_rows_and_columns_of_padding_change_neither_loss_nor_gradients():
+    torch.manual_seed(0)
+    examples = [
+        Example([*torch.randint(4, 50, (n,)).tolist(), EOS_ID], torch.randint(4, 50, (m,)).tolist())
+        for n, m in ((5, 7), (3, 2), (8, 4))
+    ]
+    batch = Batch.collate(examples)
+    padded = batch.padded_to(Shape(rows=7, src_len=12, tgt_len=13))
+    assert padded.src.shape == (7, 12) and padded.tgt_in.shape == padded.tgt_out.shape == (7, 13)
+    assert padded.n_tokens == batch.n_tokens
+    assert padded.n_target_tokens == batch.n_target_tokens
+
+    def loss_and_grads(b: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = small_model(50, 50).double()  # no dropout: its masks would follow the shape
+        loss = loss_fn(model(b.src, b.tgt_in), b.tgt_out, 0.1, "sum")
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    loss, grads = loss_and_grads(batch)
+    padded_loss, padded_grads = loss_and_grads(padded)
+    torch.testing.assert_close(padded_loss, loss)
+    for a, b in zip(padded_grads, grads):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_dev_sources_truncated_are_warned_of_once_with_their_number(corpus, tmp_path, caplog):
+    from mtrain.train import Trainer
+
+    from .synthetic import small_config
+
+    dev = tmp_path / "dev.tsv"
+    long = "一二三四五六七八九" * 12
+    dev.write_text(f"一二\tone two\n{long}\tlong\n{long}五\tlonger\n", encoding="utf-8")
+    cfg = small_config({**corpus, "dev": str(dev), "prepared_dir": str(tmp_path / "prepared")})
+    with caplog.at_level("WARNING"):
+        trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
+        trainer.validate()
+        trainer.validate()
+    warned = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert warned == [f"{dev}: 2 source sentence(s) truncated to 32 tokens at every validation"]
