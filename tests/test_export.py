@@ -47,6 +47,10 @@ def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, fl
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer)
     with torch.no_grad():
+        for norm in model.modules():  # each LayerNorm its own: a swapped one changes outputs
+            if isinstance(norm, torch.nn.LayerNorm):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
         for token, bias in biases.items():
             model.output_projection.bias[token] += bias
     state = {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint(), "step": 0}
@@ -123,11 +127,63 @@ def test_random_models_translate_alike(ct2, tokenizer, tmp_path, norm, tie, join
             assert b.score == pytest.approx(a.score, abs=1e-3)
 
 
+@pytest.mark.parametrize(
+    "norm, tie, joint",
+    [
+        ("pre", True, False),
+        ("post", True, False),
+        ("pre", False, False),
+        ("post", False, True),  # one vocabulary, three matrices
+        ("pre", True, True),  # one vocabulary, one matrix
+    ],
+)
+def test_token_log_probs_are_ours(ct2, tokenizer, tmp_path, norm, tie, joint):
+    """Teacher forced, CTranslate2's score_batch gives every target token (</s> included) our
+    log-probability within 1e-4, in a batch of mixed source and target lengths."""
+    if joint:
+        tokenizer = Tokenizer(tokenizer.src, tokenizer.src)
+    cfg = random_config(norm, tie, joint)
+    run = make_run(tmp_path / "run", cfg, tokenizer, {})
+    _, _, model = load_run(run, CPU)
+    _, _, engine = ct2_engine.load(export_run(run, tmp_path / "ct2"), "cpu")
+    zh, en = zip(*number_pairs(40, seed=5))
+    # One to four sentences' worth, cut to the longest the model reads (with </s>) and decodes
+    # (with <s>): every position is used; source and target lengths vary apart.
+    sources = [
+        tokenizer.src.encode("".join(zh[i : i + 1 + i % 4]))[: cfg.data.max_src_len - 1]
+        for i in range(16)
+    ]
+    targets = [
+        tokenizer.tgt.encode(" ".join(en[20 + i : 21 + i + 3 * i % 4]))[: cfg.data.max_tgt_len - 1]
+        for i in range(16)
+    ]
+    for rows, limit in ((sources, cfg.data.max_src_len - 1), (targets, cfg.data.max_tgt_len - 1)):
+        assert len({len(r) for r in rows}) >= 3 and max(map(len, rows)) == limit
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:  # (B, longest)
+        longest = max(map(len, rows))
+        return torch.tensor([row + [PAD_ID] * (longest - len(row)) for row in rows])
+
+    src = padded([[*s, EOS_ID] for s in sources])  # (B, S)
+    tgt_in = padded([[BOS_ID, *t] for t in targets])  # (B, T)
+    with torch.inference_mode():
+        log_probs = model(src, tgt_in).log_softmax(-1)  # (B, T, V)
+    results = engine.score_batch(
+        [tokenizer.src.id_to_piece(s) for s in sources],
+        [tokenizer.tgt.id_to_piece(t) for t in targets],
+    )
+    for row, (target, result) in enumerate(zip(targets, results)):
+        tgt_out = [*target, EOS_ID]
+        assert result.tokens == tokenizer.tgt.id_to_piece(tgt_out)
+        ours = log_probs[row, torch.arange(len(tgt_out)), tgt_out]  # (T_row,)
+        assert result.log_probs == pytest.approx(ours.tolist(), abs=1e-4)
+
+
 def test_beam_ranks_by_our_length_penalty(ct2, tokenizer, tmp_path, monkeypatch):
     """A model that often ends at once: where GNMT's penalty prefers a short output to long
     ones that CTranslate2's length ** alpha would rank first, the engine still gives ours."""
     cfg = random_config("pre", True, False, beam=4)
-    run = make_run(tmp_path / "run", cfg, tokenizer, {EOS_ID: 2.0})
+    run = make_run(tmp_path / "run", cfg, tokenizer, {EOS_ID: 3.0})
     ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode)
     sentences = [zh for zh, _ in number_pairs(40, seed=11)]
     expected = [n[0] for n in ours.translate_nbest(sentences)]
