@@ -7,8 +7,10 @@ installs it and where a missing CTranslate2 must fail, not skip.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -381,3 +383,133 @@ def test_a_weight_with_no_place_in_the_spec_is_refused(ct2, tokenizer):
     model.register_parameter("gate", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ExportError, match=r"weights with no place .*'gate'"):
         export.build_spec(cfg, tokenizer, model)
+
+
+@pytest.fixture(scope="module")
+def random_run(tmp_path_factory, tokenizer) -> Path:
+    """A run holding a random pre-norm model: for the tests of files, devices and warnings."""
+    root = tmp_path_factory.mktemp("random")
+    return make_run(root / "run", random_config("pre", True, False), tokenizer, {})
+
+
+def test_force_never_deletes_a_file_export_did_not_write(ct2, random_run, tmp_path, capsys):
+    """An earlier export that also holds the user's notes is refused, with or without --force,
+    naming the notes; without them, --force replaces what export wrote."""
+    out = export_run(random_run, tmp_path / "ct2")
+    (out / "notes.txt").write_text("mine\n")
+    for force in ([], ["--force"]):
+        assert main_status(["export", str(random_run), "-o", str(out), *force]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "did not write (notes.txt)" in err, err
+        assert (out / "notes.txt").read_text() == "mine\n"
+    (out / "notes.txt").unlink()
+    assert main_status(["export", str(random_run), "-o", str(out), "--force"]) == 0
+    written = json.loads((out / export.MANIFEST).read_text())["files"]
+    assert written == sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.parametrize("where", [".", "..", "$PWD", "$PWD/../.."])
+def test_the_current_directory_and_its_parents_are_refused(
+    ct2, random_run, tmp_path, where, capsys, monkeypatch
+):
+    """Refused in one line before the checkpoint is read, empty or an earlier export, with
+    --force: an export replaces its destination, and the shell would stand in a deleted one."""
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    out = where.replace("$PWD", str(cwd))
+    assert main_status(["export", str(random_run), "-o", out, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "an export would replace" in err, err
+    export_run(random_run, Path("model"))  # below it is fine
+    assert sorted(p.name for p in cwd.iterdir()) == ["model"]
+
+
+def test_a_full_disk_names_the_destination(ct2, random_run, tmp_path, monkeypatch, capsys):
+    """A write that fails names the directory being written, not its hidden temporary one,
+    and leaves nothing behind; the earlier export stays whole."""
+    out = export_run(random_run, tmp_path / "ct2")
+    before = (out / "model.bin").read_bytes()
+
+    def fill_the_disk(spec, directory: str) -> None:
+        with open(os.path.join(directory, "model.bin"), "wb") as f:
+            f.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write(2): no file name
+
+    monkeypatch.setattr(ct2.specs.TransformerSpec, "save", fill_the_disk)
+    assert main_status(["export", str(random_run), "-o", str(out), "--force"]) == 2
+    assert capsys.readouterr().err == f"mtrain: error: {out}: No space left on device\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    assert (out / "model.bin").read_bytes() == before
+
+
+# An export that dies as SIGKILL leaves it (no cleanup runs): once its directory is written, or
+# between its two renames, where the earlier export has been moved aside.
+KILLED_EXPORT = """
+import os, sys
+from pathlib import Path
+from mtrain import export
+
+run, out, death = sys.argv[1:]
+if death == "written":
+    write = export.write_directory
+    def write_and_die(*args):
+        write(*args)
+        os._exit(9)
+    export.write_directory = write_and_die
+else:
+    rename = Path.rename
+    def die_at_the_second(self, target):
+        if self.name.endswith(".tmp"):
+            os._exit(9)
+        return rename(self, target)
+    Path.rename = die_at_the_second
+export.export_run(Path(run), Path(out), force=True)
+"""
+
+
+@pytest.mark.parametrize("death", ["written", "between renames"])
+def test_the_next_export_cleans_up_after_a_killed_one(ct2, random_run, tmp_path, death, caplog):
+    out = export_run(random_run, tmp_path / "ct2")
+    before = (out / "model.bin").read_bytes()
+    (out / "model.bin").write_bytes(before + b"earlier")  # to tell the earlier export apart
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(random_run), str(out), death],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert killed.returncode == 9, killed.stderr
+    hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".ct2.")]
+    assert hidden and out.exists() == (death == "written"), hidden
+    refused = pytest.raises(ExportError, match="exists and is not empty; add --force")
+    with caplog.at_level(logging.WARNING), refused:  # without --force: restored, then refused
+        export_run(random_run, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    assert (out / "model.bin").read_bytes() == before + b"earlier"
+    restored = "restored the earlier export that a killed export had moved aside"
+    assert (restored in caplog.text) == (death == "between renames")
+    export_run(random_run, out, force=True)
+    assert (out / "model.bin").read_bytes() == before
+
+
+def test_a_stale_temporary_of_a_running_export_is_left_alone(ct2, random_run, tmp_path):
+    """Another export still writing (its pid runs) keeps its temporary directory."""
+    theirs = tmp_path / f".ct2.{os.getppid()}.tmp"
+    theirs.mkdir()
+    export_run(random_run, tmp_path / "ct2")
+    assert theirs.is_dir()
+
+
+def test_the_renames_reach_the_disk(ct2, random_run, tmp_path, monkeypatch):
+    """The directory holding the export is synced after it is renamed into place, first
+    export or replacement."""
+    out, synced = tmp_path / "ct2", []
+    monkeypatch.setattr(
+        export, "sync_directory", lambda d: synced.append((d, export.is_export(out)))
+    )
+    for force in (False, True):
+        synced.clear()
+        export_run(random_run, out, force=force)
+        assert synced[-1] == (tmp_path, True)
