@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -513,3 +514,39 @@ def test_the_renames_reach_the_disk(ct2, random_run, tmp_path, monkeypatch):
         synced.clear()
         export_run(random_run, out, force=force)
         assert synced[-1] == (tmp_path, True)
+
+
+def test_the_ctranslate2_engine_runs_on_the_gpu_asked_for(ct2, random_run, tmp_path, monkeypatch):
+    """cuda:N loads on GPU N (checked on what ctranslate2.Translator is given: no GPU here)."""
+    out = export_run(random_run, tmp_path / "ct2")
+    given = []
+    fake = types.SimpleNamespace(Translator=lambda path, **options: given.append(options))
+    monkeypatch.setattr(ct2_engine, "require_ctranslate2", lambda: fake)
+    monkeypatch.setattr(ct2_engine.runtime, "pick_device", torch.device)  # any GPU "exists"
+    for device in ("cuda:1", "cuda:0", "cuda", "cpu"):
+        ct2_engine.load(out, device)
+    assert [(g["device"], g["device_index"]) for g in given] == [
+        ("cuda", 1),
+        ("cuda", 0),
+        ("cuda", 0),
+        ("cpu", 0),
+    ]
+
+
+def test_float16_on_a_cpu_is_said_at_export_and_at_load(
+    ct2, random_run, tmp_path, caplog, monkeypatch
+):
+    """CTranslate2 computes float16 weights in float32 on a CPU: outputs are no longer the
+    run's, which export (on a machine without a GPU) and loading on a CPU say."""
+    monkeypatch.setattr(ct2, "get_cuda_device_count", lambda: 0)
+    with caplog.at_level(logging.WARNING):
+        out = export_run(random_run, tmp_path / "f16", quantize="float16")
+        assert caplog.messages == [export.FLOAT16_ON_CPU % out]
+        caplog.clear()
+        cfg, tokenizer, engine = ct2_engine.load(out, "cpu")
+        assert caplog.messages == [export.FLOAT16_ON_CPU % out]
+        assert ct2_engine.CT2Translator(engine, tokenizer, cfg).translate(["一二三"])[0]
+        caplog.clear()
+        ct2_engine.load(out, "cpu", int8=True)  # computed in int8: asked for, not a surprise
+        ct2_engine.load(export_run(random_run, tmp_path / "f32"), "cpu")
+        assert not caplog.messages
