@@ -245,20 +245,22 @@ print(tgt.decode(result[0].hypotheses[0]))
 
 What `mtrain translate` does that these lines do not:
 - it collapses whitespace{zh};
-- it cuts sources at {data.max_src_len} pieces, and outputs at {d.max_len_ratio} × source pieces \
-+ {d.max_len_offset} (at most {data.max_tgt_len}). These lines read up to 1,024 source pieces and
-  write up to 256 (CTranslate2's `max_input_length` and `max_decoding_length`), but the model
-  never trained on positions past {data.max_positions()}: what it makes of them is untested;
+- it cuts sources at {data.max_src_len} pieces, and outputs at {d.max_len_ratio} × source pieces +
+  {d.max_len_offset} (at most {data.max_tgt_len}); these lines read up to 1,024 source pieces and \
+write up to 256
+  (CTranslate2's `max_input_length` and `max_decoding_length`), past the \
+{data.max_positions()} positions
+  the model was trained on: what it makes of the others is untested;
 - it outputs an empty line where the model ends a sentence at once; CTranslate2's
   `min_decoding_length` is 1, so these lines always output at least one piece;
 - it never outputs `<pad>` or `<s>`;
 - beam search ranks finished hypotheses by GNMT's length penalty, log-probability /
   ((5 + length) / 6) ** {d.alpha}, where CTranslate2's `length_penalty` divides by
-  length ** length_penalty (1 by default). `mtrain translate --engine ctranslate2` bridges the
-  two, but CTranslate2 returns only its {beam} best finished hypotheses by its own penalty:
-  where more than {beam} have finished when a search ends (several finish at the same step,
-  or a sentence reaches its output limit after some finished), the best by GNMT's penalty may
-  not be among them, and the engine's output differs from the PyTorch one's.
+  length ** length_penalty (1 by default). `mtrain translate --engine ctranslate2` bridges
+  the two, with one gap: CTranslate2 returns only its `beam_size` best finished hypotheses by
+  its own penalty, so where more than `beam_size` have finished when a search ends (several
+  at the same step, or a sentence at its output limit after some finished), the best by
+  GNMT's penalty may not be among them, and the engine outputs another.
 """
 
 

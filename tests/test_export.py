@@ -282,6 +282,9 @@ def test_int8_export_translates(ct2, trained_run, tmp_path):
 def test_readme_python_examples_run(ct2, trained_run, tmp_path):
     """The five lines in the exported README, and in ours, translate with the exported model."""
     out = export_run(trained_run, tmp_path / "ct2")
+    exported = (out / "README.md").read_text(encoding="utf-8")
+    for difference in ("`min_decoding_length` is 1", "past the 32 positions", "with one gap"):
+        assert difference in exported
     ours = (REPO / "README.md").read_text(encoding="utf-8").split("## Use your model elsewhere")[1]
     for text in ((out / "README.md").read_text(encoding="utf-8"), ours):
         code = text.split("```python\n")[1].split("```")[0].replace("zh-en", str(out))
