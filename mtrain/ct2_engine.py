@@ -15,6 +15,7 @@ a sentence at `beam` finished hypotheses), but for two things, which this module
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -24,10 +25,18 @@ import torch
 from mtrain import config, runtime
 from mtrain.config import Config, DecodeConfig
 from mtrain.decode import Hypothesis, Observer, length_penalty
-from mtrain.export import MTRAIN_CONFIG, is_export, require_ctranslate2
+from mtrain.export import (
+    FLOAT16_ON_CPU,
+    MTRAIN_CONFIG,
+    is_export,
+    read_manifest,
+    require_ctranslate2,
+)
 from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from mtrain.translator import Translator
+
+log = logging.getLogger(__name__)
 
 # CTranslate2 stops a beam early when its length penalty is exactly 0; a negligible one keeps
 # its search ours (length ** 1e-9 is 1 in float32).
@@ -138,10 +147,14 @@ def load(
     except (OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: {e}") from None
     torch_device = runtime.pick_device(device)
+    float16 = read_manifest(directory).get("quantize") == "float16"
+    if float16 and torch_device.type == "cpu" and not int8:
+        log.warning(FLOAT16_ON_CPU, directory)
     try:
         engine = ct2.Translator(
             str(directory),
             device=torch_device.type,
+            device_index=torch_device.index or 0,  # cuda:N is GPU N, not GPU 0
             compute_type="int8" if int8 else "default",
             intra_threads=torch.get_num_threads(),
         )

@@ -9,7 +9,10 @@ scaled by sqrt(d_model), and vocabularies whose positions are our SentencePiece 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -19,17 +22,44 @@ import yaml
 from torch import nn
 
 from mtrain.config import Config
-from mtrain.files import tmp_path
+from mtrain.files import TMP_SUFFIX, is_running, sync_directory, tmp_path
 from mtrain.model import PositionalEncoding, Transformer
 from mtrain.run_dir import BEST, load_run
 from mtrain.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
 
+log = logging.getLogger(__name__)
+
 MTRAIN_CONFIG = "mtrain.yaml"  # the run's config, beside CTranslate2's own config.json
 MODEL_FILE = "model.bin"
+README = "README.md"
+# What this export wrote: its files, and the weights' type (read back to warn on a CPU).
+MANIFEST = "export.json"
+# The files an export holds: CTranslate2's, ours, and the manifest, which lists them too (an
+# export written before the manifest is read with this list alone). `--force` replaces a
+# directory that holds nothing else.
+EXPORT_FILES = frozenset(
+    {
+        MODEL_FILE,
+        "config.json",
+        "source_vocabulary.json",
+        "target_vocabulary.json",
+        "shared_vocabulary.json",
+        SRC_MODEL,
+        TGT_MODEL,
+        MTRAIN_CONFIG,
+        README,
+        MANIFEST,
+    }
+)
 QUANTIZATIONS = ("int8", "int8_float32", "float16")
 # Rows of the exported sinusoidal table: CTranslate2's default input limit (1,024 tokens), so
 # that longer input than the run was trained on is read, not refused, by a CTranslate2 user.
 POSITIONS = 1024
+FLOAT16_ON_CPU = (
+    "%s: float16 weights are for GPUs; on a CPU CTranslate2 computes in float32 from weights "
+    "rounded to float16, so its outputs can differ from the run's (export without --quantize, "
+    "or with int8, for a CPU)"
+)
 INSTALL = "pip install ctranslate2 (in a checkout of mtrain: pip install -e '.[serve]')"
 
 # Each model option and the values CTranslate2 can express; None: any value. An option missing
@@ -193,9 +223,10 @@ Exported by `mtrain export` from `{run_dir}` (checkpoint `{which}`), weights in 
 
 | file | holds |
 |---|---|
-| `model.bin`, `config.json`, `*_vocabulary.json` | the model, for `ctranslate2.Translator` |
+| `{MODEL_FILE}`, `config.json`, `*_vocabulary.json` | the model, for `ctranslate2.Translator` |
 | `{SRC_MODEL}`, `{TGT_MODEL}` | SentencePiece: text to source pieces, target pieces to text |
 | `{MTRAIN_CONFIG}` | the run's config, for `mtrain translate --engine ctranslate2` |
+| `{MANIFEST}` | the files `mtrain export` wrote here, and the weights' type |
 
 With mtrain, with the input handling and output of `mtrain translate`:
 
@@ -214,26 +245,42 @@ print(tgt.decode(result[0].hypotheses[0]))
 
 What `mtrain translate` does that these lines do not:
 - it collapses whitespace{zh};
-- it cuts sources at {data.max_src_len} pieces, and outputs at {d.max_len_ratio} × source pieces \
-+ {d.max_len_offset} (at most {data.max_tgt_len});
+- it cuts sources at {data.max_src_len} pieces, and outputs at {d.max_len_ratio} × source pieces +
+  {d.max_len_offset} (at most {data.max_tgt_len}); these lines read up to 1,024 source pieces and \
+write up to 256
+  (CTranslate2's `max_input_length` and `max_decoding_length`), past the \
+{data.max_positions()} positions
+  the model was trained on: what it makes of the others is untested;
+- it outputs an empty line where the model ends a sentence at once; CTranslate2's
+  `min_decoding_length` is 1, so these lines always output at least one piece;
 - it never outputs `<pad>` or `<s>`;
 - beam search ranks finished hypotheses by GNMT's length penalty, log-probability /
   ((5 + length) / 6) ** {d.alpha}, where CTranslate2's `length_penalty` divides by
-  length ** alpha.
+  length ** length_penalty (1 by default). `mtrain translate --engine ctranslate2` bridges
+  the two, with one gap: CTranslate2 returns only its `beam_size` best finished hypotheses by
+  its own penalty, so where more than `beam_size` have finished when a search ends (several
+  at the same step, or a sentence at its output limit after some finished), the best by
+  GNMT's penalty may not be among them, and the engine outputs another.
 """
 
 
-def write_directory(spec, out: Path, tokenizer: Tokenizer, cfg: Config, text: str) -> None:
-    """Save the spec, tokenizer, config and README into a fresh directory `out`."""
+def write_directory(
+    spec, out: Path, tokenizer: Tokenizer, cfg: Config, text: str, quantize: str | None
+) -> None:
+    """Save the spec, tokenizer, config, README and manifest into a fresh directory `out`."""
     spec.save(str(out))
     (out / SRC_MODEL).write_bytes(tokenizer.src.serialized_model_proto())
     (out / TGT_MODEL).write_bytes(tokenizer.tgt.serialized_model_proto())
     config_text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
     (out / MTRAIN_CONFIG).write_text(config_text, encoding="utf-8")
-    (out / "README.md").write_text(text, encoding="utf-8")
+    (out / README).write_text(text, encoding="utf-8")
+    files = sorted({p.name for p in out.iterdir()} | {MANIFEST})
+    manifest = {"files": files, "quantize": quantize or "float32"}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     for path in out.iterdir():  # on disk before the directory is renamed into place
         with path.open("rb") as f:
             os.fsync(f.fileno())
+    sync_directory(out)
 
 
 def is_export(path: Path) -> bool:
@@ -241,20 +288,129 @@ def is_export(path: Path) -> bool:
     return (path / MODEL_FILE).is_file() and (path / MTRAIN_CONFIG).is_file()
 
 
-def check_destination(out: Path, run_dir: Path, force: bool) -> None:
-    """Refuse to write where a user's files would be lost."""
-    if out.exists() and not out.is_dir():
+def read_manifest(directory: Path) -> dict:
+    """An export's manifest; empty where there is none or it cannot be read."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def foreign_files(directory: Path) -> list[str]:
+    """The entries of an export directory that `mtrain export` did not write."""
+    listed = read_manifest(directory).get("files")
+    ours = EXPORT_FILES | set(listed if isinstance(listed, list) else [])
+    return sorted(p.name for p in directory.iterdir() if p.name not in ours)
+
+
+def destination(out: Path) -> Path:
+    """The directory that `-o out` names, absolute: a symlink's target, so the link stays."""
+    path = Path(os.path.abspath(out))  # `.` and `..` have no name to put a temporary beside
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def check_destination(out: Path, target: Path, run_dir: Path, force: bool) -> None:
+    """Refuse to write where a user's files would be lost; `target` is `destination(out)`."""
+    if target.exists() and not target.is_dir():
         raise ExportError(f"-o {out}: is a file, not a directory")
-    if out.resolve() == run_dir.resolve() or out.resolve() in run_dir.resolve().parents:
+    resolved, run = target.resolve(), run_dir.resolve()
+    if resolved == run or resolved in run.parents:
         raise ExportError(f"-o {out}: would replace the run {run_dir}; choose another directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ExportError(f"-o {out}: exists and is not empty; add --force to replace it")
-        if not is_export(out):
-            raise ExportError(
-                f"-o {out}: --force replaces only an earlier export (it has no {MODEL_FILE} "
-                f"and {MTRAIN_CONFIG}); choose another directory"
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        where = "the current directory" if resolved == cwd else "a parent of the current directory"
+        raise ExportError(
+            f"-o {out}: is {where}, which an export would replace; choose a new directory "
+            "(-o model, say)"
+        )
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    if not is_export(target):
+        raise ExportError(
+            f"-o {out}: is not empty and not an earlier export (it has no {MODEL_FILE} and "
+            f"{MTRAIN_CONFIG}); --force replaces only an earlier export: choose another directory"
+        )
+    foreign = foreign_files(target)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        raise ExportError(
+            f"-o {out}: holds files that mtrain export did not write ({shown}); --force replaces "
+            "only an export's own files: move them, or choose another directory"
+        )
+    if not force:
+        raise ExportError(f"-o {out}: exists and is not empty; add --force to replace it")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def recover(target: Path) -> None:
+    """Undo what a killed export left beside `target`.
+
+    `export_run` writes `.NAME.<pid>.tmp`, then moves an earlier export aside to
+    `.NAME.<pid>.tmp.old` and renames the new one into place. A writer that died leaves
+    either: its temporary directory is removed; an earlier export it had moved aside is renamed
+    back when nothing took its place, and named, not removed, when something else did.
+    """
+    if not target.parent.is_dir():
+        return
+    name = re.compile(rf"\.{re.escape(target.name)}\.(\d+){re.escape(TMP_SUFFIX)}(\.old)?")
+    for path in sorted(target.parent.iterdir()):
+        match = name.fullmatch(path.name)
+        if not match or is_running(int(match[1])):
+            continue  # not ours, or another export's that is still being written
+        if not match[2]:
+            _remove(path)
+        elif not os.path.lexists(target) and is_export(path):
+            path.rename(target)
+            sync_directory(target.parent)
+            log.warning(
+                "%s: restored the earlier export that a killed export had moved aside", target
             )
+        elif is_export(target):
+            _remove(path)  # the killed export had put its own in place
+        else:
+            log.warning(
+                "%s: an earlier export moved aside by a killed export is in %s", target, path
+            )
+
+
+def _named(e: OSError, tmp: Path, target: Path) -> OSError:
+    """`e` naming what the user named: the destination, not its temporary directory."""
+    if e.filename is None:  # a failed write (a full disk) names no file
+        return OSError(e.errno, e.strerror, str(target))
+    path = Path(os.fsdecode(e.filename))
+    if path == tmp:  # the temporary directory could not be made: its parent is at fault
+        return OSError(e.errno, e.strerror, str(target.parent))
+    if tmp in path.parents:
+        return OSError(e.errno, e.strerror, str(target / path.relative_to(tmp)))
+    return e
+
+
+def put_in_place(tmp: Path, target: Path) -> None:
+    """Rename the complete export `tmp` to `target`, replacing what is there, durably.
+
+    An earlier export is moved aside first and removed last: a death between the two renames
+    leaves it complete under a name that `recover` renames back.
+    """
+    old = tmp.with_name(f"{tmp.name}.old")
+    if target.exists():  # an empty directory, or an earlier export (see check_destination)
+        target.rename(old)
+    try:
+        tmp.rename(target)
+    except BaseException:
+        if old.exists():
+            old.rename(target)
+        raise
+    sync_directory(target.parent)
+    _remove(old)
 
 
 def export_run(
@@ -269,28 +425,27 @@ def export_run(
     The directory is written under a temporary name and renamed when complete: an interrupted
     export leaves no half-written model, and a replaced one is removed only after that.
     """
-    require_ctranslate2()
+    ct2 = require_ctranslate2()
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ExportError(f"--quantize {quantize}: expected one of {', '.join(QUANTIZATIONS)}")
-    check_destination(out, run_dir, force)
+    target = destination(out)
+    recover(target)
+    check_destination(out, target, run_dir, force)
     cfg, tokenizer, model = load_run(run_dir, torch.device("cpu"), which)
     spec = build_spec(cfg, tokenizer, model)
     spec.validate()
     spec.optimize(quantization=quantize)
-    tmp, old = tmp_path(out), out.with_name(f"{tmp_path(out).name}.old")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if quantize == "float16" and not ct2.get_cuda_device_count():
+        log.warning(FLOAT16_ON_CPU, out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(target)
     try:
         tmp.mkdir()
-        write_directory(spec, tmp, tokenizer, cfg, readme(run_dir, out, which, quantize, cfg))
-        if out.exists():
-            out.rename(old)  # an empty directory, or an earlier export (see check_destination)
-        try:
-            tmp.rename(out)
-        except BaseException:
-            if old.exists():
-                old.rename(out)
-            raise
+        text = readme(run_dir, out, which, quantize, cfg)
+        write_directory(spec, tmp, tokenizer, cfg, text, quantize)
+        put_in_place(tmp, target)
+    except OSError as e:
+        raise _named(e, tmp, target) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(tmp)
     return out

@@ -7,11 +7,14 @@ installs it and where a missing CTranslate2 must fail, not skip.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,10 @@ def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, fl
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer)
     with torch.no_grad():
+        for norm in model.modules():  # each LayerNorm its own: a swapped one changes outputs
+            if isinstance(norm, torch.nn.LayerNorm):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
         for token, bias in biases.items():
             model.output_projection.bias[token] += bias
     state = {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint(), "step": 0}
@@ -123,11 +130,63 @@ def test_random_models_translate_alike(ct2, tokenizer, tmp_path, norm, tie, join
             assert b.score == pytest.approx(a.score, abs=1e-3)
 
 
+@pytest.mark.parametrize(
+    "norm, tie, joint",
+    [
+        ("pre", True, False),
+        ("post", True, False),
+        ("pre", False, False),
+        ("post", False, True),  # one vocabulary, three matrices
+        ("pre", True, True),  # one vocabulary, one matrix
+    ],
+)
+def test_token_log_probs_are_ours(ct2, tokenizer, tmp_path, norm, tie, joint):
+    """Teacher forced, CTranslate2's score_batch gives every target token (</s> included) our
+    log-probability within 1e-4, in a batch of mixed source and target lengths."""
+    if joint:
+        tokenizer = Tokenizer(tokenizer.src, tokenizer.src)
+    cfg = random_config(norm, tie, joint)
+    run = make_run(tmp_path / "run", cfg, tokenizer, {})
+    _, _, model = load_run(run, CPU)
+    _, _, engine = ct2_engine.load(export_run(run, tmp_path / "ct2"), "cpu")
+    zh, en = zip(*number_pairs(40, seed=5))
+    # One to four sentences' worth, cut to the longest the model reads (with </s>) and decodes
+    # (with <s>): every position is used; source and target lengths vary apart.
+    sources = [
+        tokenizer.src.encode("".join(zh[i : i + 1 + i % 4]))[: cfg.data.max_src_len - 1]
+        for i in range(16)
+    ]
+    targets = [
+        tokenizer.tgt.encode(" ".join(en[20 + i : 21 + i + 3 * i % 4]))[: cfg.data.max_tgt_len - 1]
+        for i in range(16)
+    ]
+    for rows, limit in ((sources, cfg.data.max_src_len - 1), (targets, cfg.data.max_tgt_len - 1)):
+        assert len({len(r) for r in rows}) >= 3 and max(map(len, rows)) == limit
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:  # (B, longest)
+        longest = max(map(len, rows))
+        return torch.tensor([row + [PAD_ID] * (longest - len(row)) for row in rows])
+
+    src = padded([[*s, EOS_ID] for s in sources])  # (B, S)
+    tgt_in = padded([[BOS_ID, *t] for t in targets])  # (B, T)
+    with torch.inference_mode():
+        log_probs = model(src, tgt_in).log_softmax(-1)  # (B, T, V)
+    results = engine.score_batch(
+        [tokenizer.src.id_to_piece(s) for s in sources],
+        [tokenizer.tgt.id_to_piece(t) for t in targets],
+    )
+    for row, (target, result) in enumerate(zip(targets, results)):
+        tgt_out = [*target, EOS_ID]
+        assert result.tokens == tokenizer.tgt.id_to_piece(tgt_out)
+        ours = log_probs[row, torch.arange(len(tgt_out)), tgt_out]  # (T_row,)
+        assert result.log_probs == pytest.approx(ours.tolist(), abs=1e-4)
+
+
 def test_beam_ranks_by_our_length_penalty(ct2, tokenizer, tmp_path, monkeypatch):
     """A model that often ends at once: where GNMT's penalty prefers a short output to long
     ones that CTranslate2's length ** alpha would rank first, the engine still gives ours."""
     cfg = random_config("pre", True, False, beam=4)
-    run = make_run(tmp_path / "run", cfg, tokenizer, {EOS_ID: 2.0})
+    run = make_run(tmp_path / "run", cfg, tokenizer, {EOS_ID: 3.0})
     ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode)
     sentences = [zh for zh, _ in number_pairs(40, seed=11)]
     expected = [n[0] for n in ours.translate_nbest(sentences)]
@@ -223,6 +282,9 @@ def test_int8_export_translates(ct2, trained_run, tmp_path):
 def test_readme_python_examples_run(ct2, trained_run, tmp_path):
     """The five lines in the exported README, and in ours, translate with the exported model."""
     out = export_run(trained_run, tmp_path / "ct2")
+    exported = (out / "README.md").read_text(encoding="utf-8")
+    for difference in ("`min_decoding_length` is 1", "past the 32 positions", "with one gap"):
+        assert difference in exported
     ours = (REPO / "README.md").read_text(encoding="utf-8").split("## Use your model elsewhere")[1]
     for text in ((out / "README.md").read_text(encoding="utf-8"), ours):
         code = text.split("```python\n")[1].split("```")[0].replace("zh-en", str(out))
@@ -325,3 +387,169 @@ def test_a_weight_with_no_place_in_the_spec_is_refused(ct2, tokenizer):
     model.register_parameter("gate", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(ExportError, match=r"weights with no place .*'gate'"):
         export.build_spec(cfg, tokenizer, model)
+
+
+@pytest.fixture(scope="module")
+def random_run(tmp_path_factory, tokenizer) -> Path:
+    """A run holding a random pre-norm model: for the tests of files, devices and warnings."""
+    root = tmp_path_factory.mktemp("random")
+    return make_run(root / "run", random_config("pre", True, False), tokenizer, {})
+
+
+def test_force_never_deletes_a_file_export_did_not_write(ct2, random_run, tmp_path, capsys):
+    """An earlier export that also holds the user's notes is refused, with or without --force,
+    naming the notes; without them, --force replaces what export wrote."""
+    out = export_run(random_run, tmp_path / "ct2")
+    (out / "notes.txt").write_text("mine\n")
+    for force in ([], ["--force"]):
+        assert main_status(["export", str(random_run), "-o", str(out), *force]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "did not write (notes.txt)" in err, err
+        assert (out / "notes.txt").read_text() == "mine\n"
+    (out / "notes.txt").unlink()
+    assert main_status(["export", str(random_run), "-o", str(out), "--force"]) == 0
+    written = json.loads((out / export.MANIFEST).read_text())["files"]
+    assert written == sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.parametrize("where", [".", "..", "$PWD", "$PWD/../.."])
+def test_the_current_directory_and_its_parents_are_refused(
+    ct2, random_run, tmp_path, where, capsys, monkeypatch
+):
+    """Refused in one line before the checkpoint is read, empty or an earlier export, with
+    --force: an export replaces its destination, and the shell would stand in a deleted one."""
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    out = where.replace("$PWD", str(cwd))
+    assert main_status(["export", str(random_run), "-o", out, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "an export would replace" in err, err
+    export_run(random_run, Path("model"))  # below it is fine
+    assert sorted(p.name for p in cwd.iterdir()) == ["model"]
+
+
+def test_a_full_disk_names_the_destination(ct2, random_run, tmp_path, monkeypatch, capsys):
+    """A write that fails names the directory being written, not its hidden temporary one,
+    and leaves nothing behind; the earlier export stays whole."""
+    out = export_run(random_run, tmp_path / "ct2")
+    before = (out / "model.bin").read_bytes()
+
+    def fill_the_disk(spec, directory: str) -> None:
+        with open(os.path.join(directory, "model.bin"), "wb") as f:
+            f.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write(2): no file name
+
+    monkeypatch.setattr(ct2.specs.TransformerSpec, "save", fill_the_disk)
+    assert main_status(["export", str(random_run), "-o", str(out), "--force"]) == 2
+    assert capsys.readouterr().err == f"mtrain: error: {out}: No space left on device\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    assert (out / "model.bin").read_bytes() == before
+
+
+# An export that dies as SIGKILL leaves it (no cleanup runs): once its directory is written, or
+# between its two renames, where the earlier export has been moved aside.
+KILLED_EXPORT = """
+import os, sys
+from pathlib import Path
+from mtrain import export
+
+run, out, death = sys.argv[1:]
+if death == "written":
+    write = export.write_directory
+    def write_and_die(*args):
+        write(*args)
+        os._exit(9)
+    export.write_directory = write_and_die
+else:
+    rename = Path.rename
+    def die_at_the_second(self, target):
+        if self.name.endswith(".tmp"):
+            os._exit(9)
+        return rename(self, target)
+    Path.rename = die_at_the_second
+export.export_run(Path(run), Path(out), force=True)
+"""
+
+
+@pytest.mark.parametrize("death", ["written", "between renames"])
+def test_the_next_export_cleans_up_after_a_killed_one(ct2, random_run, tmp_path, death, caplog):
+    out = export_run(random_run, tmp_path / "ct2")
+    before = (out / "model.bin").read_bytes()
+    (out / "model.bin").write_bytes(before + b"earlier")  # to tell the earlier export apart
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(random_run), str(out), death],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert killed.returncode == 9, killed.stderr
+    hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".ct2.")]
+    assert hidden and out.exists() == (death == "written"), hidden
+    refused = pytest.raises(ExportError, match="exists and is not empty; add --force")
+    with caplog.at_level(logging.WARNING), refused:  # without --force: restored, then refused
+        export_run(random_run, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    assert (out / "model.bin").read_bytes() == before + b"earlier"
+    restored = "restored the earlier export that a killed export had moved aside"
+    assert (restored in caplog.text) == (death == "between renames")
+    export_run(random_run, out, force=True)
+    assert (out / "model.bin").read_bytes() == before
+
+
+def test_a_stale_temporary_of_a_running_export_is_left_alone(ct2, random_run, tmp_path):
+    """Another export still writing (its pid runs) keeps its temporary directory."""
+    theirs = tmp_path / f".ct2.{os.getppid()}.tmp"
+    theirs.mkdir()
+    export_run(random_run, tmp_path / "ct2")
+    assert theirs.is_dir()
+
+
+def test_the_renames_reach_the_disk(ct2, random_run, tmp_path, monkeypatch):
+    """The directory holding the export is synced after it is renamed into place, first
+    export or replacement."""
+    out, synced = tmp_path / "ct2", []
+    monkeypatch.setattr(
+        export, "sync_directory", lambda d: synced.append((d, export.is_export(out)))
+    )
+    for force in (False, True):
+        synced.clear()
+        export_run(random_run, out, force=force)
+        assert synced[-1] == (tmp_path, True)
+
+
+def test_the_ctranslate2_engine_runs_on_the_gpu_asked_for(ct2, random_run, tmp_path, monkeypatch):
+    """cuda:N loads on GPU N (checked on what ctranslate2.Translator is given: no GPU here)."""
+    out = export_run(random_run, tmp_path / "ct2")
+    given = []
+    fake = types.SimpleNamespace(Translator=lambda path, **options: given.append(options))
+    monkeypatch.setattr(ct2_engine, "require_ctranslate2", lambda: fake)
+    monkeypatch.setattr(ct2_engine.runtime, "pick_device", torch.device)  # any GPU "exists"
+    for device in ("cuda:1", "cuda:0", "cuda", "cpu"):
+        ct2_engine.load(out, device)
+    assert [(g["device"], g["device_index"]) for g in given] == [
+        ("cuda", 1),
+        ("cuda", 0),
+        ("cuda", 0),
+        ("cpu", 0),
+    ]
+
+
+def test_float16_on_a_cpu_is_said_at_export_and_at_load(
+    ct2, random_run, tmp_path, caplog, monkeypatch
+):
+    """CTranslate2 computes float16 weights in float32 on a CPU: outputs are no longer the
+    run's, which export (on a machine without a GPU) and loading on a CPU say."""
+    monkeypatch.setattr(ct2, "get_cuda_device_count", lambda: 0)
+    with caplog.at_level(logging.WARNING):
+        out = export_run(random_run, tmp_path / "f16", quantize="float16")
+        assert caplog.messages == [export.FLOAT16_ON_CPU % out]
+        caplog.clear()
+        cfg, tokenizer, engine = ct2_engine.load(out, "cpu")
+        assert caplog.messages == [export.FLOAT16_ON_CPU % out]
+        assert ct2_engine.CT2Translator(engine, tokenizer, cfg).translate(["一二三"])[0]
+        caplog.clear()
+        ct2_engine.load(out, "cpu", int8=True)  # computed in int8: asked for, not a surprise
+        ct2_engine.load(export_run(random_run, tmp_path / "f32"), "cpu")
+        assert not caplog.messages

@@ -30,18 +30,24 @@ def export(
         ExportQuantize,
         typer.Option(
             help="int8 or int8_float32: int8 matrices, the rest float32 (the same file for "
-            "mtrain's float32 weights); float16: for GPUs. Default: float32, as trained.",
+            "mtrain's float32 weights); float16: for GPUs (a CPU computes in float32 from the "
+            "rounded weights: outputs differ). Default: float32, as trained.",
         ),
     ] = ExportQuantize.none,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace an earlier export in the same directory.")
+        bool,
+        typer.Option(
+            "--force",
+            help="Replace an earlier export in that directory; one holding files that export "
+            "did not write is refused.",
+        ),
     ] = False,
 ) -> None:
     """Write a run's model as a CTranslate2 model directory and print the directory.
 
-    The directory holds the model, the SentencePiece models, the run's config and a README with
-    a Python example; `mtrain translate --engine ctranslate2 --run DIR` translates with it.
-    Needs CTranslate2: pip install ctranslate2.
+    The directory (not the current one or a parent of it) holds the model, the SentencePiece
+    models, the run's config and a README with a Python example; `mtrain translate --engine
+    ctranslate2 --run DIR` translates with it. Needs CTranslate2: pip install ctranslate2.
     """
     setup_logging()
     level = None if quantize is ExportQuantize.none else quantize.value
