@@ -68,10 +68,10 @@ def serve(
     """
     try:
         from mtrain.serve import server
+        from mtrain.serve.app import build
     except ImportError as e:  # starlette or uvicorn missing
         fail(f"mtrain serve needs {e.name}: pip install 'mtrain[serve]'")
     from mtrain.serve.api import Limits
-    from mtrain.serve.app import build
     from mtrain.serve.batcher import Policy
     from mtrain.serve.service import Service
 

@@ -22,7 +22,9 @@ const KINDS = {
 };
 
 const $ = (id) => document.getElementById(id);
-const view = { kind: "cross", layer: 0, head: 0, step: 1 };
+const ALL_HEADS = -2; // the head control's value that shows every head and their mean
+const MEAN = -1;
+const view = { kind: "cross", layer: 0, head: ALL_HEADS, step: 1 };
 let explained = null; // the /explain answer shown
 
 function el(tag, attrs = {}, ...children) {
@@ -123,18 +125,20 @@ async function explain(text) {
   $("layer").replaceChildren(...(att ? att.encoder : []).map((_, i) =>
     el("option", { value: i }, `${i + 1}`)));
   const heads = att ? att.encoder[0].length : 0;
-  $("head").replaceChildren(el("option", { value: -1 }, "mean"),
+  $("head").replaceChildren(el("option", { value: ALL_HEADS }, "all"),
+    el("option", { value: MEAN }, "mean"),
     ...Array.from({ length: heads }, (_, i) => el("option", { value: i }, `${i + 1}`)));
   view.step = Math.min(view.step, Math.max(steps, 1));
   view.layer = Math.min(view.layer, Math.max(att ? att.encoder.length - 1 : 0, 0));
-  view.head = Math.min(view.head, heads - 1);
+  view.head = Math.max(Math.min(view.head, heads - 1), ALL_HEADS);
   setHash({ explain: text });
   show();
 }
 
-function weightsOf(kind) {
+// One head's (query, key) weights in the layer shown; the mean of the heads for MEAN.
+function weightsOf(kind, head) {
   const layers = explained.attention[kind][view.layer]; // [head][query][key]
-  if (view.head >= 0) return layers[view.head];
+  if (head >= 0) return layers[head];
   return layers[0].map((row, q) => row.map((_, k) =>
     layers.reduce((sum, head) => sum + head[q][k], 0) / layers.length));
 }
@@ -178,10 +182,10 @@ function greedyStep(step) {
   const att = explained.attention;
   const parts = [input, table];
   if (att && view.step - 1 < att.output.length) {
-    const head = view.head >= 0 ? `head ${view.head + 1}` : "mean of heads";
+    const head = view.head >= 0 ? view.head : MEAN;
     parts.push(el("p", {}, el("span", { class: "label" },
-      `where the decoder looked (cross-attention, layer ${view.layer + 1}, ${head}): `),
-    ...pieceChips(att.source, weightsOf("cross")[view.step - 1])));
+      `where the decoder looked (cross-attention, layer ${view.layer + 1}, ${headName(head)}): `),
+    ...pieceChips(att.source, weightsOf("cross", head)[view.step - 1])));
   }
   return parts;
 }
@@ -203,6 +207,10 @@ function beamStep(step) {
   ];
 }
 
+function headName(head) {
+  return head >= 0 ? `head ${head + 1}` : "mean of heads";
+}
+
 function showMap() {
   const att = explained.attention;
   if (!att) return $("heatmap").replaceChildren();
@@ -212,11 +220,15 @@ function showMap() {
     decoder: [att.decoder_input, att.decoder_input],
     cross: [att.output, att.source],
   }[view.kind];
-  const head = view.head >= 0 ? `head ${view.head + 1}` : "mean of heads";
+  const which = view.head === ALL_HEADS ? "every head and their mean" : headName(view.head);
   $("map-caption").textContent =
-    `${kind.name}, layer ${view.layer + 1}, ${head}. Rows: ${kind.rows}. Columns: ${kind.cols}.`;
+    `${kind.name}, layer ${view.layer + 1}, ${which}. Rows: ${kind.rows}. Columns: ${kind.cols}.`;
   const highlight = view.kind === "encoder" || !explained.steps[0].top ? -1 : view.step - 1;
-  $("heatmap").replaceChildren(heatmap(weightsOf(view.kind), ...labels, highlight));
+  const heads = view.head === ALL_HEADS
+    ? [...att[view.kind][view.layer].keys(), MEAN] : [view.head];
+  $("heatmap").replaceChildren(...heads.map((head) => el("figure", { class: "map" },
+    heatmap(weightsOf(view.kind, head), ...labels, highlight),
+    el("figcaption", {}, headName(head)))));
 }
 
 function heatmap(weights, rows, cols, highlight) {
@@ -304,7 +316,7 @@ async function restore() {
   view.step = parseInt(params.get("step") || "1", 10);
   view.kind = KINDS[params.get("kind")] ? params.get("kind") : "cross";
   view.layer = parseInt(params.get("layer") || "1", 10) - 1;
-  view.head = parseInt(params.get("head") || "1", 10) - 1;
+  view.head = params.has("head") ? parseInt(params.get("head"), 10) - 1 : ALL_HEADS;
   const item = [...document.querySelectorAll("#results li")]
     .find((li) => li.querySelector(".src").textContent === params.get("explain"));
   if (item) await explain(params.get("explain"));
