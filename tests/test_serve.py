@@ -492,3 +492,23 @@ def html_text(s: str) -> str:
     import html
 
     return html.unescape(s)
+
+
+def test_the_ctranslate2_engine_translates_as_the_command_and_cannot_explain(run_dir, tmp_path):  # noqa: F811
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    result = mtrain("export", str(run_dir), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    sentences = split_sentences()[:8]
+    args = ("translate", "--run", str(out), "--engine", "ctranslate2", "--beam", "4")
+    expected = mtrain(*args, input="\n".join(sentences) + "\n").stdout.splitlines()
+    served = Served(out, "--engine", "ctranslate2")
+    try:
+        status, answer = served.post("/translate", {"text": sentences, "beam": 4})
+        assert status == 200 and [t["text"] for t in answer["translations"]] == expected
+        status, answer = served.post("/explain", {"text": "我是谁"})
+        assert status == 501 and "--engine mtrain" in answer["error"]
+        assert served.request("GET", "/model")[1]["engine"] == "ctranslate2"
+    finally:
+        status, stderr = served.stop()
+    assert status == 0 and "Traceback" not in stderr, stderr

@@ -79,6 +79,11 @@ def serve(
     limits = Limits()
     if queue < limits.max_sentences:
         fail(f"--queue {queue}: at least {limits.max_sentences}, the most one request may send")
+    try:  # before the model loads: a port in use is known at once
+        sock = server.bind(host, port)
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        fail(f"cannot listen on {host} port {port}: {reason}")
     if engine is Engine.ctranslate2:
         if which != BEST:
             fail("--checkpoint needs --engine mtrain")
@@ -87,11 +92,6 @@ def serve(
         run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
     policy = Policy(batching, wait_ms / 1000, cfg.decode.batch_tokens, queue)
     service = Service(translator, run_dir, engine.value, which)
-    try:
-        sock = server.bind(host, port)
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        fail(f"cannot listen on {host} port {port}: {reason}")
     address = server.url(sock)
 
     def ready() -> None:
