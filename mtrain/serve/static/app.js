@@ -57,7 +57,7 @@ function pieceChips(pieces, weights = null) {
   });
 }
 
-// White to deep blue: the weight of one cell (exact zeros are drawn grey by the caller).
+// White to deep blue: the weight of one cell (masked cells are drawn grey by the caller).
 function color(w) {
   const t = Math.sqrt(Math.max(0, Math.min(1, w))); // small weights stay visible
   const mix = (a, b) => Math.round(a + (b - a) * t);
@@ -227,11 +227,12 @@ function showMap() {
   const heads = view.head === ALL_HEADS
     ? [...att[view.kind][view.layer].keys(), MEAN] : [view.head];
   $("heatmap").replaceChildren(...heads.map((head) => el("figure", { class: "map" },
-    heatmap(weightsOf(view.kind, head), ...labels, highlight),
+    heatmap(weightsOf(view.kind, head), ...labels, highlight, view.kind === "decoder"),
     el("figcaption", {}, headName(head)))));
 }
 
-function heatmap(weights, rows, cols, highlight) {
+// An SVG heatmap of (query, key) weights; with `lookAhead`, keys after the query are masked.
+function heatmap(weights, rows, cols, highlight, lookAhead) {
   const cell = 30, left = 10 + 14 * Math.max(...rows.map((p) => p.length), 2);
   const top = 10 + 14 * Math.max(...cols.map((p) => p.length), 2);
   const svg = svgEl("svg", {
@@ -247,7 +248,7 @@ function heatmap(weights, rows, cols, highlight) {
     weights[q].forEach((w, k) => {
       const rect = svgEl("rect", {
         class: "cell", x: left + k * cell, y: top + q * cell, width: cell - 1, height: cell - 1,
-        fill: w === 0 ? "#d0d0d0" : color(w),
+        fill: lookAhead && k > q ? "#d0d0d0" : color(w),
       });
       rect.append(svgEl("title", {}, `${p} → ${cols[k]}: ${w.toFixed(4)}`));
       svg.append(rect);
