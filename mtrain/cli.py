@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from mtrain.commands import evaluate, export, info, plot, prepare, train, translate
+from mtrain.commands import evaluate, export, info, plot, prepare, serve, train, translate
 from mtrain.commands.common import error
 from mtrain.config import ConfigError
 from mtrain.corpus import DataError
@@ -33,6 +33,7 @@ app.command()(evaluate.average)
 app.add_typer(plot.app, name="plot")
 app.command()(info.info)
 app.command()(export.export)
+app.command()(serve.serve)
 
 # Errors of the user's making (input, files, config, devices): one line each, exit status 2.
 USER_ERRORS = (

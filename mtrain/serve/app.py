@@ -1,0 +1,214 @@
+"""The HTTP app: JSON endpoints over the batcher, the page and its assets, errors as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from mtrain.figures.common import CJK_FONT
+from mtrain.serve import api
+from mtrain.serve.api import ApiError, Limits
+from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo
+from mtrain.serve.service import Service
+
+log = logging.getLogger(__name__)
+
+STATIC = resources.files("mtrain.serve") / "static"
+
+
+class JSONUnicode(JSONResponse):
+    """JSON with Chinese as itself, not as \\u escapes."""
+
+    def render(self, content: Any) -> bytes:
+        import json
+
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONUnicode({"error": message, "status": status}, status, headers)
+
+
+Handler = Callable[..., Awaitable[Response]]
+
+
+def endpoint(handler: Handler) -> Handler:
+    """An endpoint whose refusals are JSON errors and whose bugs are one log line and a 500."""
+
+    @functools.wraps(handler)
+    async def wrapped(*args: Any) -> Response:  # (request) or (self, request)
+        request = args[-1]
+        try:
+            return await handler(*args)
+        except ApiError as e:
+            return error(e.status, e.message)
+        except QueueFull:
+            return error(
+                503, "server busy: the queue is full; try again shortly", {"Retry-After": "1"}
+            )
+        except Closed:
+            return error(503, "server shutting down")
+        except Exception as e:
+            log.error(
+                "mtrain serve: %s %s failed: %s: %s",
+                request.method,
+                request.url.path,
+                type(e).__name__,
+                e,
+            )
+            return error(500, f"internal error: {type(e).__name__}")
+
+    return wrapped
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body; 413 as soon as it passes `limit` bytes."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"request body of {length} bytes; at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body over {limit} bytes")
+    return bytes(body)
+
+
+class Server:
+    """The endpoints, around one service and its batcher."""
+
+    def __init__(self, service: Service, policy: Policy, limits: Limits):
+        self.service, self.policy, self.limits = service, policy, limits
+        self.batcher: Batcher | None = None
+        self.description = service.describe()
+
+    async def _submit(self, make: Callable[[Callable[[Any], None]], Job | Solo]) -> Any:
+        """Queue the job `make` builds around a completion callback; await its result."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(result: Any) -> None:
+            if future.done():  # the client went away
+                return
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self.batcher.submit(make(lambda result: loop.call_soon_threadsafe(settle, result)))
+        return await future
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        return api.parse_body(await read_body(request, self.limits.max_body))
+
+    @endpoint
+    async def translate(self, request: Request) -> Response:
+        req = api.translate_request(
+            await self._body(request), self.service.base.decode, self.limits
+        )
+        sources = self.service.sources(req.texts)
+        tokens = [s.tokens for s in sources]
+        results = await self._submit(lambda done: Job(req.options, req.texts, tokens, done))
+        cut = self.service.cfg.data.max_src_len
+        items = []
+        for nbest, source in zip(results, sources):
+            item = {"text": nbest[0].text, "score": nbest[0].score, "truncated": source.truncated}
+            if req.options.nbest > 1:
+                item["nbest"] = [{"text": t.text, "score": t.score} for t in nbest]
+            items.append(item)
+        warnings = [
+            f"sentence {i}: truncated to {cut} tokens" for i, s in enumerate(sources) if s.truncated
+        ]
+        return JSONUnicode(
+            {"translations": items, "warnings": warnings, "options": vars(req.options)}
+        )
+
+    @endpoint
+    async def explain(self, request: Request) -> Response:
+        if not self.service.can_explain:
+            raise ApiError(501, "/explain needs --engine mtrain: CTranslate2 shows no steps")
+        req = api.explain_request(await self._body(request), self.service.base.decode, self.limits)
+        (source,) = self.service.sources([req.text])
+
+        def run() -> dict[str, Any]:
+            return self.service.explain(req.text, req.options, req.top_k)
+
+        answer = await self._submit(lambda done: Solo(run, done))
+        cut = self.service.cfg.data.max_src_len
+        answer["warnings"] = [f"truncated to {cut} tokens"] if source.truncated else []
+        answer["options"] = vars(req.options)
+        return JSONUnicode(answer)
+
+    @endpoint
+    async def health(self, request: Request) -> Response:
+        b = self.batcher
+        return JSONUnicode({"status": "ok", "queued": b.waiting, "batches": b.batches})
+
+    @endpoint
+    async def model(self, request: Request) -> Response:
+        return JSONUnicode(self.description)
+
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse((STATIC / "index.html").read_text("utf-8"))
+
+    async def font(self, request: Request) -> Response:
+        import mplfonts
+
+        path = Path(mplfonts.__file__).parent / "fonts" / CJK_FONT
+        return FileResponse(path, media_type="font/otf", headers={"Cache-Control": "max-age=86400"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.batcher = Batcher(self.service.translate, self.policy)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self.batcher.close)
+
+
+API = "POST /translate, POST /explain, GET /health, GET /model, GET / (the page)"
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """404, 405 and the like, as JSON."""
+    where = f"{exc.detail}: {request.method} {request.url.path}"
+    return error(exc.status_code, f"{where}; the API is {API}", getattr(exc, "headers", None))
+
+
+def build(
+    service: Service, policy: Policy, limits: Limits, on_ready: Callable[[], None]
+) -> Starlette:
+    """The app; `on_ready` runs once the batcher is up, before the first request is read."""
+    server = Server(service, policy, limits)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with server.lifespan(app):
+            on_ready()
+            yield
+
+    routes = [
+        Route("/", server.page),
+        Route("/translate", server.translate, methods=["POST"]),
+        Route("/explain", server.explain, methods=["POST"]),
+        Route("/health", server.health),
+        Route("/model", server.model),
+        Route("/static/cjk.otf", server.font),
+        Mount("/static", StaticFiles(packages=[("mtrain.serve", "static")])),
+    ]
+    return Starlette(
+        routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan
+    )

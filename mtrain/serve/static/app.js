@@ -1,0 +1,337 @@
+// The page of `mtrain serve`: translate, then step through one sentence's decoding and look at
+// its attention weights. The URL's hash holds the view (#text=…&explain=1&step=…&kind=…), so a
+// link opens the same sentence at the same step and map.
+"use strict";
+
+const KINDS = {
+  encoder: {
+    name: "Encoder self-attention",
+    rows: "source pieces (queries)",
+    cols: "source pieces (keys)",
+  },
+  decoder: {
+    name: "Decoder masked self-attention",
+    rows: "decoder input (queries)",
+    cols: "decoder input (keys); grey: masked, a later position",
+  },
+  cross: {
+    name: "Cross-attention",
+    rows: "the output piece each query chose (queries from the decoder)",
+    cols: "source pieces (keys and values from the encoder)",
+  },
+};
+
+const $ = (id) => document.getElementById(id);
+const ALL_HEADS = -2; // the head control's value that shows every head and their mean
+const MEAN = -1;
+const view = { kind: "cross", layer: 0, head: ALL_HEADS, step: 1 };
+let explained = null; // the /explain answer shown
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "style") node.style.cssText = value;
+    else node.setAttribute(key, value);
+  }
+  node.append(...children);
+  return node;
+}
+
+function svgEl(tag, attrs = {}, text = null) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (text !== null) node.textContent = text;
+  return node;
+}
+
+function pieceChips(pieces, weights = null) {
+  return pieces.map((p, i) => {
+    const chip = el("span", { class: "piece", lang: "zh" }, p);
+    if (weights) {
+      chip.style.background = color(weights[i]);
+      chip.style.color = weights[i] > 0.55 ? "#fff" : "";
+      chip.title = `${p}: ${weights[i].toFixed(3)}`;
+    }
+    return chip;
+  });
+}
+
+// White to deep blue: the weight of one cell (masked cells are drawn grey by the caller).
+function color(w) {
+  const t = Math.sqrt(Math.max(0, Math.min(1, w))); // small weights stay visible
+  const mix = (a, b) => Math.round(a + (b - a) * t);
+  return `rgb(${mix(247, 8)}, ${mix(251, 48)}, ${mix(255, 107)})`;
+}
+
+async function post(path, body) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const answer = await response.json();
+  if (!response.ok) throw new Error(answer.error || response.statusText);
+  return answer;
+}
+
+function options() {
+  const alpha = parseFloat($("alpha").value);
+  return { beam: parseInt($("beam").value, 10), ...(isNaN(alpha) ? {} : { alpha }) };
+}
+
+function say(text, bad = false) {
+  $("status").textContent = text;
+  $("status").className = bad ? "bad" : "";
+}
+
+async function translate() {
+  const lines = $("source").value.split("\n").map((s) => s.trim()).filter((s) => s);
+  if (!lines.length) return say("type a sentence first", true);
+  say("translating…");
+  try {
+    const answer = await post("/translate", { text: lines, ...options() });
+    $("results").replaceChildren(
+      ...answer.translations.map((t, i) => {
+        const button = el("button", { type: "button", class: "explain" }, "step through");
+        button.addEventListener("click", () => explain(lines[i]));
+        const warn = t.truncated ? el("span", { class: "bad" }, " (input cut short)") : "";
+        return el("li", {}, el("span", { class: "src", lang: "zh" }, lines[i]), " → ",
+          el("span", { class: "out" }, t.text), warn, " ", button);
+      })
+    );
+    say("");
+    setHash({ text: lines.join("\n") });
+  } catch (e) {
+    say(e.message, true);
+  }
+}
+
+async function explain(text) {
+  say("decoding step by step…");
+  try {
+    explained = await post("/explain", { text, ...options() });
+  } catch (e) {
+    return say(e.message, true);
+  }
+  say("");
+  $("explain-panel").hidden = false;
+  $("explained").textContent = text;
+  const att = explained.attention;
+  $("source-pieces").replaceChildren(el("span", { class: "label" }, "source pieces: "),
+    ...pieceChips(explained.source.pieces));
+  const steps = explained.steps.length;
+  $("step").max = Math.max(steps, 1);
+  $("layer").replaceChildren(...(att ? att.encoder : []).map((_, i) =>
+    el("option", { value: i }, `${i + 1}`)));
+  const heads = att ? att.encoder[0].length : 0;
+  $("head").replaceChildren(el("option", { value: ALL_HEADS }, "all"),
+    el("option", { value: MEAN }, "mean"),
+    ...Array.from({ length: heads }, (_, i) => el("option", { value: i }, `${i + 1}`)));
+  view.step = Math.min(view.step, Math.max(steps, 1));
+  view.layer = Math.min(view.layer, Math.max(att ? att.encoder.length - 1 : 0, 0));
+  view.head = Math.max(Math.min(view.head, heads - 1), ALL_HEADS);
+  setHash({ explain: text });
+  show();
+}
+
+// One head's (query, key) weights in the layer shown; the mean of the heads for MEAN.
+function weightsOf(kind, head) {
+  const layers = explained.attention[kind][view.layer]; // [head][query][key]
+  if (head >= 0) return layers[head];
+  return layers[0].map((row, q) => row.map((_, k) =>
+    layers.reduce((sum, head) => sum + head[q][k], 0) / layers.length));
+}
+
+function show() {
+  $("step").value = view.step;
+  $("layer").value = view.layer;
+  $("head").value = view.head;
+  document.querySelectorAll("#picture .block").forEach((b) =>
+    b.classList.toggle("selected", b.dataset.kind === view.kind));
+  document.querySelectorAll("#kinds button").forEach((b) =>
+    b.setAttribute("aria-selected", b.dataset.kind === view.kind));
+  showStep();
+  showMap();
+  setHash({ step: view.step, kind: view.kind, layer: view.layer + 1, head: view.head + 1 });
+}
+
+function showStep() {
+  const steps = explained.steps;
+  const box = $("step-view");
+  if (!steps.length) {
+    $("step-label").textContent = "";
+    return box.replaceChildren(el("p", {}, "An empty sentence: nothing to decode."));
+  }
+  const step = steps[view.step - 1];
+  $("step-label").textContent = `step ${step.step} of ${steps.length}`;
+  if (step.top) return box.replaceChildren(...greedyStep(step));
+  box.replaceChildren(...beamStep(step));
+}
+
+function greedyStep(step) {
+  const input = el("p", {}, el("span", { class: "label" }, "decoder input so far: "),
+    ...pieceChips(step.input));
+  const rows = step.top.map((c) => el("tr", { class: c.id === step.chosen.id ? "chosen" : "" },
+    el("td", { class: "piece-cell", lang: "zh" }, c.piece),
+    el("td", { class: "bar-cell" }, el("span", { class: "bar", style: `width:${100 * c.prob}%` })),
+    el("td", { class: "num" }, c.prob.toFixed(4)),
+    el("td", {}, c.id === step.chosen.id ? "← chosen" : "")));
+  const table = el("table", { class: "candidates" },
+    el("caption", {}, "the likeliest next pieces and their probabilities"), el("tbody", {}, ...rows));
+  const att = explained.attention;
+  const parts = [input, table];
+  if (att && view.step - 1 < att.output.length) {
+    const head = view.head >= 0 ? view.head : MEAN;
+    parts.push(el("p", {}, el("span", { class: "label" },
+      `where the decoder looked (cross-attention, layer ${view.layer + 1}, ${headName(head)}): `),
+    ...pieceChips(att.source, weightsOf("cross", head)[view.step - 1])));
+  }
+  return parts;
+}
+
+function beamStep(step) {
+  const hyps = step.hypotheses.map((h, j) => el("tr", {}, el("td", {}, `[${j}]`),
+    el("td", { class: "num" }, h.log_prob.toFixed(4)), el("td", {}, ...pieceChips(h.input))));
+  const cands = step.candidates.map((c) => el("tr", { class: c.fate.split(" ")[0] },
+    el("td", {}, `[${c.origin}]`), el("td", { class: "piece-cell", lang: "zh" }, `+ ${c.piece}`),
+    el("td", { class: "num" }, c.token_log_prob.toFixed(4)),
+    el("td", { class: "num" }, c.log_prob.toFixed(4)),
+    el("td", {}, c.fate + (c.score === null ? "" : `: score ${c.score.toFixed(4)}`))));
+  return [
+    el("table", { class: "candidates" }, el("caption", {},
+      "live hypotheses and their cumulative log-probabilities"), el("tbody", {}, ...hyps)),
+    el("table", { class: "candidates" }, el("caption", {},
+      "their best extensions, best first: piece, its log-probability, the sum, its fate"),
+    el("tbody", {}, ...cands)),
+  ];
+}
+
+function headName(head) {
+  return head >= 0 ? `head ${head + 1}` : "mean of heads";
+}
+
+function showMap() {
+  const att = explained.attention;
+  if (!att) return $("heatmap").replaceChildren();
+  const kind = KINDS[view.kind];
+  const labels = {
+    encoder: [att.source, att.source],
+    decoder: [att.decoder_input, att.decoder_input],
+    cross: [att.output, att.source],
+  }[view.kind];
+  const which = view.head === ALL_HEADS ? "every head and their mean" : headName(view.head);
+  $("map-caption").textContent =
+    `${kind.name}, layer ${view.layer + 1}, ${which}. Rows: ${kind.rows}. Columns: ${kind.cols}.`;
+  const highlight = view.kind === "encoder" || !explained.steps[0].top ? -1 : view.step - 1;
+  const heads = view.head === ALL_HEADS
+    ? [...att[view.kind][view.layer].keys(), MEAN] : [view.head];
+  $("heatmap").replaceChildren(...heads.map((head) => el("figure", { class: "map" },
+    heatmap(weightsOf(view.kind, head), ...labels, highlight, view.kind === "decoder"),
+    el("figcaption", {}, headName(head)))));
+}
+
+// An SVG heatmap of (query, key) weights; with `lookAhead`, keys after the query are masked.
+function heatmap(weights, rows, cols, highlight, lookAhead) {
+  const cell = 30, left = 10 + 14 * Math.max(...rows.map((p) => p.length), 2);
+  const top = 10 + 14 * Math.max(...cols.map((p) => p.length), 2);
+  const svg = svgEl("svg", {
+    class: "heatmap", width: left + cell * cols.length + 10, height: top + cell * rows.length + 10,
+  });
+  cols.forEach((p, k) => svg.append(svgEl("text", {
+    class: "col-label", transform: `translate(${left + k * cell + cell / 2 + 5},${top - 6}) rotate(-90)`,
+  }, p)));
+  rows.forEach((p, q) => {
+    svg.append(svgEl("text", {
+      class: "row-label" + (q === highlight ? " current" : ""), x: left - 6, y: top + q * cell + cell / 2 + 5,
+    }, p));
+    weights[q].forEach((w, k) => {
+      const rect = svgEl("rect", {
+        class: "cell", x: left + k * cell, y: top + q * cell, width: cell - 1, height: cell - 1,
+        fill: lookAhead && k > q ? "#d0d0d0" : color(w),
+      });
+      rect.append(svgEl("title", {}, `${p} → ${cols[k]}: ${w.toFixed(4)}`));
+      svg.append(rect);
+    });
+  });
+  if (highlight >= 0 && highlight < rows.length) {
+    svg.append(svgEl("rect", {
+      class: "current-row", x: left - 2, y: top + highlight * cell - 2,
+      width: cell * cols.length + 3, height: cell + 3,
+    }));
+  }
+  return svg;
+}
+
+function setHash(parts) {
+  const params = new URLSearchParams(location.hash.slice(1));
+  for (const [key, value] of Object.entries(parts)) params.set(key, value);
+  history.replaceState(null, "", "#" + params.toString());
+}
+
+function setKind(kind) {
+  view.kind = kind;
+  if (explained) show();
+}
+
+function setup(model) {
+  $("model").textContent = `${model.src_lang} → ${model.tgt_lang}, ` +
+    `${model.parameters.toLocaleString("en")} parameters, ${model.model.n_encoder_layers} + ` +
+    `${model.model.n_decoder_layers} layers of ${model.model.n_heads} heads; ` +
+    `${model.run} (${model.checkpoint}, ${model.engine})`;
+  $("beam").replaceChildren(...[1, 2, 4, 5, 8].map((b) =>
+    el("option", { value: b }, b === 1 ? "1 (greedy)" : `${b}`)));
+  $("beam").value = model.decode.beam;
+  $("alpha").value = model.decode.alpha;
+  $("kinds").replaceChildren(...Object.entries(KINDS).map(([kind, k]) => {
+    const b = el("button", { type: "button", role: "tab", "data-kind": kind }, k.name);
+    b.addEventListener("click", () => setKind(kind));
+    return b;
+  }));
+  document.querySelectorAll("#picture .block").forEach((b) =>
+    b.addEventListener("click", () => setKind(b.dataset.kind)));
+  $("translate").addEventListener("click", translate);
+  $("source").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate();
+  });
+  const move = (by) => {
+    view.step = Math.max(1, Math.min(explained.steps.length, view.step + by));
+    show();
+  };
+  $("prev").addEventListener("click", () => move(-1));
+  $("next").addEventListener("click", () => move(1));
+  $("step").addEventListener("input", () => { view.step = parseInt($("step").value, 10); show(); });
+  $("layer").addEventListener("change", () => { view.layer = parseInt($("layer").value, 10); show(); });
+  $("head").addEventListener("change", () => { view.head = parseInt($("head").value, 10); show(); });
+  if (!model.explain) $("status").textContent = "this engine shows translations only, no steps";
+}
+
+// Open the view the hash names, through the same controls a reader uses.
+async function restore() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.has("beam")) $("beam").value = params.get("beam");
+  if (!params.has("text")) return;
+  $("source").value = params.get("text");
+  await translate();
+  if (!params.has("explain")) return;
+  view.step = parseInt(params.get("step") || "1", 10);
+  view.kind = KINDS[params.get("kind")] ? params.get("kind") : "cross";
+  view.layer = parseInt(params.get("layer") || "1", 10) - 1;
+  view.head = params.has("head") ? parseInt(params.get("head"), 10) - 1 : ALL_HEADS;
+  const item = [...document.querySelectorAll("#results li")]
+    .find((li) => li.querySelector(".src").textContent === params.get("explain"));
+  if (item) await explain(params.get("explain"));
+}
+
+async function main() {
+  try {
+    const response = await fetch("/model");
+    setup(await response.json());
+    await restore();
+  } catch (e) {
+    say(e.message, true);
+  }
+  document.body.dataset.ready = "yes"; // the hash's view is open: for scripted readers
+}
+
+main();
