@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import enum
 import os
@@ -28,6 +29,7 @@ from mtrain.commands.common import (
     load_ct2_translator,
     load_translator,
     log,
+    quiet_matplotlib_dirs,
     setup_logging,
 )
 from mtrain.config import Config
@@ -247,7 +249,10 @@ def translate(
     if output is not None:
         check_output(output, [input_path] if input_path else [], run_dir, from_stdin)
     check_arguments(texts or [])
+    if input_path:
+        check_input_encoding(input_path)
     if attention:
+        quiet_matplotlib_dirs()
         attention.mkdir(parents=True, exist_ok=True)
     interactive = from_stdin and sys.stdin.isatty()
     if interactive:
@@ -334,6 +339,33 @@ def check_arguments(texts: list[str]) -> None:
     for number, text in enumerate(texts, 1):
         if not is_utf8(text):
             fail(f"argument {number}: not valid UTF-8")
+
+
+def first_bad_line(path: Path, block: int = 1 << 20) -> int | None:
+    """The number of the first line of a file that is not valid UTF-8, or None; read in blocks
+    of `block` bytes, in bounded memory whatever the lines' length."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    newlines = 0  # in the blocks decoded so far
+    with path.open("rb") as f:
+        try:
+            while data := f.read(block):
+                decoder.decode(data)
+                newlines += data.count(b"\n")
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            # e.object is the decoder's few held bytes of a split character, then the block:
+            # the held bytes hold no newline.
+            return newlines + e.object.count(b"\n", 0, e.start) + 1
+    return None
+
+
+def check_input_encoding(path: Path) -> None:
+    """Refuse an --input file that is not all UTF-8 before a line of it is translated.
+
+    Only a regular file is read ahead: a pipe or a device is read once, and checked as it is.
+    """
+    if path.is_file() and (line := first_bad_line(path)) is not None:
+        fail(f"{path}:{line}: not valid UTF-8")
 
 
 def check_output(output: Path, inputs: list[Path], run_dir: Path, from_stdin: bool) -> None:
