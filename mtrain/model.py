@@ -38,7 +38,7 @@ def attention(
     """Fused scaled dot-product attention: (B, h, Tq, d_head) queries over (B, h, Tk, d_head).
 
     On the CPU it computes in fp32 even under bf16 autocast: there the bf16 kernel's backward
-    is ~10x slower than the fp32 one and would cost more than bf16 saves in the projections.
+    is so much slower than the fp32 one that it costs more than bf16 saves in the projections.
     """
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
@@ -49,10 +49,10 @@ def attention(
 class Dropout(nn.Module):
     """Inverted dropout, as nn.Dropout, that draws its CPU masks 16 bits at a time.
 
-    On the CPU, nn.Dropout draws one random number per element, which made dropout 11% of a
-    training step of the default model; this draws 64-bit numbers and cuts each into four 16-bit
-    ones, and is ~4x cheaper. The rate is rounded to a multiple of 1/65536. On other devices it
-    is nn.Dropout's fused kernel.
+    On the CPU, nn.Dropout draws one random number per element, a large part of a training
+    step; this draws 64-bit numbers and cuts each into four 16-bit ones, a quarter of the draws.
+    The rate is rounded to a multiple of 1/65536. On other devices it is nn.Dropout's fused
+    kernel.
     """
 
     def __init__(self, p: float):
@@ -243,17 +243,9 @@ class LayerCache:
 
 @dataclass
 class DecoderCache:
-    """All that incremental decoding keeps between steps: each decoder layer's keys and values,
-    and the output projection's weight transposed to (d_model, tgt_vocab).
-
-    A step multiplies a few rows by that weight; on CPU (MKL) that runs ~3x faster with this
-    layout than with `nn.Linear`'s (tgt_vocab, d_model), and a batch-1 step of the default model
-    0.6-1 ms shorter (scripts/bench_decode.py --long-outputs). None where the projection is int8
-    (`quantize_int8`): it is then called as it is.
-    """
+    """All that incremental decoding keeps between steps: each decoder layer's keys and values."""
 
     layers: list[LayerCache]
-    output_weight: torch.Tensor | None  # (d_model, tgt_vocab)
 
     @property
     def length(self) -> int:
@@ -262,11 +254,11 @@ class DecoderCache:
 
     def select(self, rows: torch.Tensor) -> DecoderCache:
         """`LayerCache.select` in every layer."""
-        return DecoderCache([c.select(rows) for c in self.layers], self.output_weight)
+        return DecoderCache([c.select(rows) for c in self.layers])
 
     def reorder(self, rows: torch.Tensor) -> DecoderCache:
         """`LayerCache.reorder` in every layer."""
-        return DecoderCache([c.reorder(rows) for c in self.layers], self.output_weight)
+        return DecoderCache([c.reorder(rows) for c in self.layers])
 
 
 class DecoderLayer(nn.Module):
@@ -375,7 +367,6 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.output_projection = nn.Linear(cfg.d_model, tgt_vocab_size)
-        self._transposed: tuple[tuple, torch.Tensor] | None = None  # see _output_weight_t
         if cfg.tie_embeddings:  # one (vocab, d_model) matrix embeds and scores target tokens
             self.output_projection.weight = self.tgt_embed.tokens.weight
             if joint_vocab:
@@ -398,29 +389,7 @@ class Transformer(nn.Module):
             k, v = layer.cross_attn.keys_values(memory)  # (B, h, S, d_head)
             shape = (k.size(0), k.size(1), max_len, k.size(3))  # (B, h, max_len, d_head)
             layers.append(LayerCache(k, v, k.new_empty(shape), v.new_empty(shape)))
-        return DecoderCache(layers, self._output_weight_t())
-
-    def _output_weight_t(self) -> torch.Tensor | None:
-        """The output projection's weight as (d_model, tgt_vocab), for `DecoderCache`.
-
-        Transposing it costs as much as a few decoding steps, so the copy is kept between
-        searches. It is made again after `train()` (every training update calls it: a fused
-        optimizer changes weights without bumping their version counters) and when the weight
-        has moved or changed in place (`load_state_dict`, `.to()`).
-        """
-        weight = self.output_projection.weight  # a method, not a tensor, once quantized
-        if not torch.is_tensor(weight):
-            return None
-        key = (weight.data_ptr(), weight._version, weight.dtype)
-        if self._transposed is None or self._transposed[0] != key:
-            with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference
-                self._transposed = (key, weight.t().contiguous())
-        return self._transposed[1]
-
-    def train(self, mode: bool = True) -> Transformer:
-        if mode:  # the weights are about to change: `_output_weight_t` must not keep its copy
-            self._transposed = None
-        return super().train(mode)
+        return DecoderCache(layers)
 
     def decode(
         self,
@@ -429,7 +398,17 @@ class Transformer(nn.Module):
         src_mask: torch.Tensor,
         cache: DecoderCache | None = None,
     ) -> torch.Tensor:
-        """(B, T) decoder input ids -> (B, T, tgt_vocab) logits for the next token.
+        """(B, T) decoder input ids -> (B, T, tgt_vocab) logits for the next token."""
+        return self.output_projection(self.decoder_states(tgt_in, memory, src_mask, cache))
+
+    def decoder_states(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """(B, T) decoder input ids -> (B, T, d_model), the decoder's output before projection.
 
         Without a cache (teacher forcing) the decoder reads all of `tgt_in` at once under the
         look-ahead mask. With a cache (from `start_cache`), `tgt_in` continues the tokens decoded
@@ -443,12 +422,7 @@ class Transformer(nn.Module):
             past = cache.length
             # One new position may attend to everything before it: no mask needed.
             tgt_mask = causal_mask(length, tgt_in.device, past) if length > 1 else None
-        x = self.decoder(self.tgt_embed(tgt_in, offset=past), memory, src_mask, tgt_mask, cache)
-        if cache is None or cache.output_weight is None:
-            return self.output_projection(x)
-        b, t, d = x.shape  # the output projection, with the cache's layout of its weight
-        logits = torch.addmm(self.output_projection.bias, x.reshape(b * t, d), cache.output_weight)
-        return logits.view(b, t, -1)
+        return self.decoder(self.tgt_embed(tgt_in, offset=past), memory, src_mask, tgt_mask, cache)
 
     def record_attention(self, on: bool = True) -> None:
         """Make every attention sublayer keep its weights from its last call (or stop)."""

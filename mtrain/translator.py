@@ -11,7 +11,7 @@ import torch
 
 from mtrain.config import Config, DecodeConfig
 from mtrain.data import length_batches, pad, source_ids
-from mtrain.decode import Hypothesis, Observer, beam_search, greedy, length_limits
+from mtrain.decode import Hypothesis, Observer, OutputLayer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize
 from mtrain.tokenizer import Tokenizer
@@ -35,7 +35,11 @@ class Inspection:
 
 
 class Translator:
-    """Translates sentences with a trained model; output never depends on how input is batched."""
+    """Translates sentences with a trained model; output never depends on how input is batched.
+
+    Its searches keep one `OutputLayer`, a copy of the model's output weights made here: make
+    another Translator after the weights change.
+    """
 
     def __init__(
         self,
@@ -52,6 +56,7 @@ class Translator:
         self.decode = decode or cfg.decode
         self.nbest, self.use_cache = nbest, use_cache
         self.warn_truncated = warn_truncated
+        self.output = OutputLayer(model) if model is not None else None
 
     def _limits(self, src: torch.Tensor) -> torch.Tensor:
         """(B,) the most tokens each sentence of a (B, S) batch may translate to."""
@@ -63,9 +68,11 @@ class Translator:
         d = self.decode
         limits = self._limits(src)
         if d.beam_size == 1 and self.nbest == 1:
-            out = greedy(self.model, src, limits, self.use_cache, observe)
+            out = greedy(self.model, src, limits, self.use_cache, observe, self.output)
             return [[Hypothesis(tokens, None)] for tokens in out]
-        return beam_search(self.model, src, limits, d.beam_size, d.alpha, self.nbest, observe)
+        return beam_search(
+            self.model, src, limits, d.beam_size, d.alpha, self.nbest, observe, self.output
+        )
 
     def _source_ids(self, sources: list[str]) -> list[list[int]]:
         """Normalised non-empty sentences -> source ids, truncated, </s> last."""

@@ -1,5 +1,6 @@
 """End to end through the installed console script: train the tiny config, translate, evaluate."""
 
+import io
 import json
 import os
 import subprocess
@@ -7,6 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtrain.commands.translate import first_bad_line
+from mtrain.corpus import DataError
+from mtrain.data import decode_lines
 
 from .synthetic import overrides
 
@@ -238,6 +245,83 @@ def test_translate_rejects_invalid_utf8(run_dir, tmp_path):
     result = mtrain("translate", "--run", str(run_dir), "--input", str(bad))
     assert result.returncode == 2 and "not valid UTF-8" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bad_byte_near_the_end_of_an_input_file_stops_before_any_translation(run_dir, tmp_path):
+    """Past the first chunk of 2,000 lines: reading as it translates would print those first."""
+    bad = tmp_path / "bad.zh"
+    lines = ["我是谁".encode()] * 2600
+    lines[2499] = b"\xe6\x88"  # line 2,500: a character cut short
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out.en"
+    for args in ([], ["--output", str(out)], ["--trace"]):
+        result = mtrain("translate", "--run", str(run_dir), "--input", str(bad), *args)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip().endswith(f"mtrain: error: {bad}:2500: not valid UTF-8")
+        assert not out.exists()
+
+
+NOT_UTF8 = [b"\xff", b"\xe4", b"\xe4\xb8", b"\xb8", b"\xed\xa0\x80"]  # bad, cut, surrogate
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            [b"a", b"\n", b"\r\n", "一".encode(), "é".encode(), b"\xef\xbb\xbf", *NOT_UTF8]
+        ),
+        max_size=30,
+    ),
+    block=st.integers(1, 9),
+)
+def test_the_first_bad_line_is_where_reading_line_by_line_fails(tmp_path_factory, parts, block):
+    """Whatever the block size, even one that splits characters: 1 to 9 bytes here."""
+    data = b"".join(parts)
+    path = tmp_path_factory.getbasetemp() / "input.zh"
+    path.write_bytes(data)
+    try:
+        for _ in decode_lines(io.BytesIO(data), "input.zh"):
+            pass
+        expected = None
+    except DataError as e:
+        expected = int(str(e).split(":")[1])
+    assert first_bad_line(path, block) == expected
+
+
+def unwritable_home(tmp_path: Path) -> Path:
+    """A read-only HOME; for root, who may write anywhere, one below a regular file."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o555)
+    if os.access(home, os.W_OK):
+        (tmp_path / "file").write_text("")
+        home = tmp_path / "file" / "home"
+    return home
+
+
+def test_plot_with_a_read_only_home_prints_no_matplotlib_warning(tmp_path):
+    """matplotlib warns at length, at every start, when it cannot write its cache; mtrain gives
+    it a directory of the user's own under TMPDIR, kept so that its font cache is built once."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME")}
+    env.pop("XDG_CACHE_HOME", None)
+    (tmp_path / "tmp").mkdir()
+    env.update(HOME=str(unwritable_home(tmp_path)), TMPDIR=str(tmp_path / "tmp"))
+    env["PYTHONPATH"] = str(REPO)
+    errors = []
+    for args in (["positional"], ["masks", "一二"], ["positional"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "mtrain", "plot", *args, "-o", str(tmp_path / "f.png")],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,  # no ./runs: the defaults are drawn
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "f.png").is_file()
+        errors.append(result.stderr)
+    assert not any("MPLCONFIGDIR" in e or "writable" in e for e in errors)
+    assert "matplotlib" not in errors[-1].lower()  # the font cache, built once, is kept
+    assert [p.name for p in (tmp_path / "tmp").iterdir()] == [f"mtrain-matplotlib-{os.getuid()}"]
 
 
 def test_corrupt_checkpoint_is_one_clear_error(run_dir, tmp_path):

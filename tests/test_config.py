@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -30,6 +31,16 @@ def test_shipped_configs_spell_out_every_key():
         raw = yaml.safe_load(path.read_text())
         for section, keys in defaults.items():
             assert set(raw[section]) == set(keys), f"{path.name}: {section}"
+
+
+def test_a_config_naming_only_its_corpora_gets_default_yaml_in_every_other_key(tmp_path):
+    """One set of defaults: the dataclasses' are configs/default.yaml's."""
+    default = config.load(REPO / "configs" / "default.yaml")
+    text = "data:\n  train: t.tsv\n  dev: d.tsv\n  test: e.tsv\n"
+    cfg = config.load(write(tmp_path, text), require_data=True)
+    corpora = {"train": "t.tsv", "dev": "d.tsv", "test": "e.tsv"}
+    assert cfg == dataclasses.replace(default, data=dataclasses.replace(default.data, **corpora))
+    assert config.Config() == default
 
 
 def test_unknown_key_is_named(tmp_path):

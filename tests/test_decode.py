@@ -2,8 +2,16 @@ import pytest
 import torch
 
 from mtrain.config import ModelConfig
-from mtrain.decode import allowed, beam_search, greedy, length_limits, length_penalty
+from mtrain.decode import (
+    OutputLayer,
+    allowed,
+    beam_search,
+    greedy,
+    length_limits,
+    length_penalty,
+)
 from mtrain.model import Transformer
+from mtrain.runtime import quantize_int8
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from .synthetic import model_ending_early, small_model
@@ -67,12 +75,24 @@ def test_cached_logits_equal_full_recomputation_at_every_step(norm):
     assert cache.length == tgt_in.size(1)
 
 
-def test_the_cache_follows_output_weights_changed_in_place():
-    """The cache's transposed output weight is kept between searches, but never goes stale:
-    not after a training update (fused AdamW, as `mtrain train`, leaves version counters as
-    they were), a load, or an in-place edit."""
+def test_the_output_layer_scores_as_the_output_projection():
+    """Its transposed copy of the weight gives the projection's logits; int8 is used as is."""
+    model = random_model()
+    states = torch.randn(3, 2, 32)  # (B, T, d_model)
+    with torch.no_grad():
+        torch.testing.assert_close(OutputLayer(model)(states), model.output_projection(states))
+        int8 = quantize_int8(random_model())
+        assert OutputLayer(int8).weight_t is None
+        assert torch.equal(OutputLayer(int8)(states), int8.output_projection(states))
+
+
+def test_a_search_sees_weights_changed_in_place():
+    """A search's output layer is made from the weights as they are: never stale after a
+    training update (fused AdamW, as `mtrain train`, leaves version counters as they were), a
+    load, or an in-place edit."""
     model = random_model()
     src, first = sources(), torch.full((3, 1), BOS_ID)
+    limits = torch.tensor([6, 6, 6])
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
 
     def update():  # as update_step: train(), then a step
@@ -88,15 +108,16 @@ def test_the_cache_follows_output_weights_changed_in_place():
             model.output_projection.weight.mul_(1.5)  # tied: the target embeddings too
 
     model.eval()
-    kept = model.start_cache(model.encode(src)[0]).output_weight
-    assert model.start_cache(model.encode(src)[0]).output_weight is kept  # not made again
     for change in (update, load, edit):
+        before = greedy(model, src, limits)
         change()
         model.eval()
-        with torch.inference_mode():  # as the searches run
-            memory, src_mask = model.encode(src)
-            cached = model.decode(first, memory, src_mask, model.start_cache(memory))
-            torch.testing.assert_close(cached, model.decode(first, memory, src_mask))
+        after = greedy(model, src, limits)
+        assert after == greedy(model, src, limits, use_cache=False) != before
+        kept = OutputLayer(model)
+        assert beam_search(model, src, limits, 3, 0.6, output=kept) == beam_search(
+            model, src, limits, 3, 0.6
+        )
 
 
 def test_preallocated_cache_equals_recomputation_over_long_outputs():

@@ -75,7 +75,7 @@ def random_config(norm: str, tie: bool, joint: bool, beam: int = 1) -> Config:
             norm=norm,
             tie_embeddings=tie,
         ),
-        decode=DecodeConfig(batch_tokens=60, beam_size=beam, max_len_offset=3),
+        decode=DecodeConfig(batch_tokens=60, beam_size=beam, alpha=0.6, max_len_offset=3),
     )
 
 

@@ -21,7 +21,9 @@ def test_lr_warms_up_then_decays():
 
 def test_every_warmup_update_gets_its_own_learning_rate():
     model = torch.nn.Linear(2, 2)
-    optimizer, schedule = build_optimizer(model, TrainConfig(lr=1.0, warmup_steps=4))
+    optimizer, schedule = build_optimizer(
+        model, TrainConfig(lr=1.0, warmup_steps=4, lr_schedule="inverse_sqrt")
+    )
     rates = []
     for _ in range(6):
         rates.append(optimizer.param_groups[0]["lr"])  # the rate this update uses
@@ -43,7 +45,7 @@ def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
 
 def test_linear_schedule_decays_to_zero_at_the_last_update_and_resumes_its_plan():
     model = torch.nn.Linear(2, 2)
-    cfg = TrainConfig(lr=1.0, warmup_steps=4, max_steps=10, lr_schedule="linear")
+    cfg = TrainConfig(lr=1.0, warmup_steps=4, max_steps=10, max_minutes=0, lr_schedule="linear")
     optimizer, schedule = build_optimizer(model, cfg)
     rates = []
     for _ in range(12):

@@ -20,7 +20,7 @@ def translator(tokenizer) -> Translator:
         model=ModelConfig(
             d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0
         ),
-        decode=DecodeConfig(batch_tokens=40, max_len_offset=4),
+        decode=DecodeConfig(batch_tokens=40, beam_size=1, alpha=0.6, max_len_offset=4),
     )
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, 16, PAD_ID)
     return Translator(model, tokenizer, cfg, torch.device("cpu"))

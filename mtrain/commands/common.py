@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import enum
 import logging
+import os
+import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -83,6 +89,56 @@ def setup_logging(quiet: bool = False) -> None:
     """Log to stderr: progress and information, or warnings and errors only when `quiet`."""
     level = logging.WARNING if quiet else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+
+
+def matplotlib_dirs() -> list[Path]:
+    """Where matplotlib keeps its configuration and its font cache unless MPLCONFIGDIR is set."""
+    home = Path.home()
+    if sys.platform.startswith(("linux", "freebsd")):
+        config = os.environ.get("XDG_CONFIG_HOME") or home / ".config"
+        cache = os.environ.get("XDG_CACHE_HOME") or home / ".cache"
+        return [Path(config, "matplotlib"), Path(cache, "matplotlib")]
+    return [home / ".matplotlib"]
+
+
+def writable(directory: Path) -> bool:
+    """Whether `directory` is, or can be made, a directory this process can write in."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return directory.is_dir() and os.access(directory, os.W_OK)
+
+
+def quiet_matplotlib_dirs() -> None:
+    """Before matplotlib is imported: where its own directory is not writable (a read-only
+    HOME), give it one under the temporary directory, so that it does not warn at length at
+    every start. One per user, kept, so that its font cache is built once."""
+    if os.environ.get("MPLCONFIGDIR") or "matplotlib" in sys.modules:
+        return
+    try:
+        if all(writable(d) for d in matplotlib_dirs()):
+            return
+    except RuntimeError:  # no home directory at all
+        pass
+    os.environ["MPLCONFIGDIR"] = str(private_temporary_dir("mtrain-matplotlib"))
+
+
+def private_temporary_dir(name: str) -> Path:
+    """`name`-UID in the temporary directory, this user's alone; or, where another user or a
+    link holds that name, a new directory removed at exit."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None:
+        path = Path(tempfile.gettempdir(), f"{name}-{uid}")
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+                return path
+    directory = tempfile.mkdtemp(prefix=f"{name}-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return Path(directory)
 
 
 def resolve_run(run: Path | None) -> Path:

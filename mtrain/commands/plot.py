@@ -14,6 +14,7 @@ from mtrain.commands.common import (
     fail,
     load_translator,
     log,
+    quiet_matplotlib_dirs,
     resolve_run,
     setup_logging,
 )
@@ -28,6 +29,7 @@ app = typer.Typer(
 
 def figure_output(path: Path) -> Path:
     """Check --output's format as the options are read: before the figure is drawn."""
+    quiet_matplotlib_dirs()  # the check imports matplotlib: every plot command passes here
     from mtrain.figures.common import check_output
 
     return check_output(path)

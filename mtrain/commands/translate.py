@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import enum
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TextIO
 
 import typer
 from tqdm import tqdm
@@ -27,28 +29,22 @@ from mtrain.commands.common import (
     load_ct2_translator,
     load_translator,
     log,
+    quiet_matplotlib_dirs,
     setup_logging,
 )
+from mtrain.config import Config
 from mtrain.data import decode_lines
 from mtrain.figures.attention import save_figures
 from mtrain.files import atomic_open
 from mtrain.run_dir import BEST
-from mtrain.tokenizer import BOS_ID, EOS_ID
+from mtrain.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from mtrain.trace import Tracer, format_trace
-from mtrain.translator import Translation, Translator
+from mtrain.translator import Inspection, Translation, Translator
 
 
 class Engine(str, enum.Enum):
     mtrain = "mtrain"
     ctranslate2 = "ctranslate2"
-
-
-def write_translations(out, number: int, translations: list[Translation], nbest: int) -> None:
-    """One line (or `nbest` "LINE ||| TRANSLATION ||| SCORE" lines) for input line `number`."""
-    if nbest == 1:
-        out.write(translations[0].text + "\n")
-    else:
-        out.writelines(f"{number} ||| {t.text} ||| {t.score:.4f}\n" for t in translations)
 
 
 def inspect_line(
@@ -62,27 +58,39 @@ def inspect_line(
         result = translator.inspect(text, lambda event: [o(event) for o in observers])
     if not result.src:  # an empty line: nothing was searched
         return result.translations
-    tokenizer = translator.tokenizer
     if tracer is not None:
-        best = result.translations[0]
-        score = "" if best.score is None else f"   (score {best.score:.4f})"
-        trace = format_trace(result.src, tracer.steps[0], tokenizer, text)
-        typer.echo(f"{trace}\ntranslation: {best.text}{score}\n", err=True)
+        print_trace(tracer, result, translator.tokenizer, text)
     if recorder is not None:
-        tokens = result.hypotheses[0].tokens
-        maps = recorder.maps(tokens)
-        ended = maps.cross[0].size(1) > len(tokens)  # a last query row that chose </s>
-        out_ids = [*tokens, EOS_ID] if ended else tokens
-        paths = save_figures(
-            maps,
-            tokenizer.src.id_to_piece(result.src),
-            tokenizer.tgt.id_to_piece([BOS_ID, *out_ids[:-1]]),
-            tokenizer.tgt.id_to_piece(out_ids),
-            f"{text} → {result.translations[0].text}",
-            attention / f"{number + 1:03d}",
-        )
+        stem = attention / f"{number + 1:03d}"
+        paths = draw_attention(recorder, result, translator.tokenizer, text, stem)
         log.info("attention maps of line %d: %s", number + 1, " ".join(map(str, paths)))
     return result.translations
+
+
+def print_trace(tracer: Tracer, result: Inspection, tokenizer: Tokenizer, text: str) -> None:
+    """--trace: how the line was decoded, step by step, then its translation, on stderr."""
+    best = result.translations[0]
+    score = "" if best.score is None else f"   (score {best.score:.4f})"
+    trace = format_trace(result.src, tracer.steps[0], tokenizer, text)
+    typer.echo(f"{trace}\ntranslation: {best.text}{score}\n", err=True)
+
+
+def draw_attention(
+    recorder: AttentionRecorder, result: Inspection, tokenizer: Tokenizer, text: str, stem: Path
+) -> list[Path]:
+    """--attention: the line's attention maps, as PNG files named from `stem`."""
+    tokens = result.hypotheses[0].tokens
+    maps = recorder.maps(tokens)
+    ended = maps.cross[0].size(1) > len(tokens)  # a last query row that chose </s>
+    out_ids = [*tokens, EOS_ID] if ended else tokens
+    return save_figures(
+        maps,
+        tokenizer.src.id_to_piece(result.src),
+        tokenizer.tgt.id_to_piece([BOS_ID, *out_ids[:-1]]),
+        tokenizer.tgt.id_to_piece(out_ids),
+        f"{text} → {result.translations[0].text}",
+        stem,
+    )
 
 
 def read_line(prompt: str) -> str:
@@ -181,6 +189,32 @@ EngineOption = Annotated[
 ]
 
 
+@dataclass
+class Decoding:
+    """The model to translate with, where it runs, and how it searches: what an engine reads."""
+
+    run: Path | None
+    device: str
+    quantize: Quantize
+    checkpoint: str
+    beam: int | None
+    alpha: float | None
+    nbest: int
+
+
+def torch_engine(d: Decoding) -> tuple[Path, Config, Translator]:
+    """The run's checkpoint, searched by mtrain on PyTorch."""
+    return load_translator(d.run, d.device, d.beam, d.alpha, d.quantize, d.checkpoint, d.nbest)
+
+
+def ctranslate2_engine(d: Decoding) -> tuple[Path, Config, Translator]:
+    """A directory written by `mtrain export`, searched by CTranslate2."""
+    return load_ct2_translator(d.run, d.device, d.beam, d.alpha, d.quantize, d.nbest)
+
+
+ENGINES = {Engine.mtrain: torch_engine, Engine.ctranslate2: ctranslate2_engine}
+
+
 def translate(
     texts: TextsArgument = None,
     input_path: InputOption = None,
@@ -207,42 +241,62 @@ def translate(
     setup_logging()
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
-    if engine is Engine.ctranslate2:
-        if trace or attention or which != BEST:
-            fail("--trace, --attention and --checkpoint need --engine mtrain")
-        run_dir, cfg, translator = load_ct2_translator(run, device, beam, alpha, quantize, nbest)
-    else:
-        run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which, nbest)
+    if engine is Engine.ctranslate2 and (trace or attention or which != BEST):
+        fail("--trace, --attention and --checkpoint need --engine mtrain")
+    decoding = Decoding(run, device, quantize, which, beam, alpha, nbest)
+    run_dir, cfg, translator = ENGINES[engine](decoding)
     from_stdin = not texts and not input_path
     if output is not None:
         check_output(output, [input_path] if input_path else [], run_dir, from_stdin)
     check_arguments(texts or [])
+    if input_path:
+        check_input_encoding(input_path)
     if attention:
+        quiet_matplotlib_dirs()
         attention.mkdir(parents=True, exist_ok=True)
     interactive = from_stdin and sys.stdin.isatty()
     if interactive:
         src, tgt, beam_size = cfg.data.src_lang, cfg.data.tgt_lang, translator.decode.beam_size
         log.info("translating %s→%s with %s, beam %d; Ctrl-D leaves", src, tgt, run_dir, beam_size)
     one_by_one = trace or attention or interactive  # each line shown once it is done
+    write = write_nbest if nbest > 1 else write_best
     with interruptible(output), contextlib.ExitStack() as stack:
         lines = input_lines(stack, texts, input_path, cfg.data.src_lang if interactive else None)
         if one_by_one:
-            results = inspected(translator, lines, trace_k if trace else None, attention)
+            results = one_at_a_time(translator, lines, trace_k if trace else None, attention)
         else:
             results = translator.stream(lines)
-        out = sys.stdout
-        if output:
-            out = stack.enter_context(atomic_open(output, "w", encoding="utf-8"))
-        bar = (input_path or output) and not interactive
-        progress = stack.enter_context(tqdm(desc="translate", unit=" lines", disable=not bar))
+        out = stack.enter_context(atomic_open(output, "w", encoding="utf-8")) if output else None
+        bar = bool(input_path or output) and not interactive
+        write_all(results, out or sys.stdout, write, flush=one_by_one, progress=bar)
+
+
+def write_best(out: TextIO, number: int, translations: list[Translation]) -> None:
+    """Input line `number`'s best translation, on one line."""
+    out.write(translations[0].text + "\n")
+
+
+def write_nbest(out: TextIO, number: int, translations: list[Translation]) -> None:
+    """Input line `number`'s translations, best first, as "LINE ||| TRANSLATION ||| SCORE"."""
+    out.writelines(f"{number} ||| {t.text} ||| {t.score:.4f}\n" for t in translations)
+
+
+Writer = Callable[[TextIO, int, list[Translation]], None]
+
+
+def write_all(
+    results: Iterable[list[Translation]], out: TextIO, write: Writer, flush: bool, progress: bool
+) -> None:
+    """Write each input line's translations as they come, with a progress bar on stderr."""
+    with tqdm(desc="translate", unit=" lines", disable=not progress) as bar:
         for number, translations in enumerate(results):
-            write_translations(out, number, translations, nbest)
-            if one_by_one:
+            write(out, number, translations)
+            if flush:
                 out.flush()
-            progress.update(1)
+            bar.update(1)
 
 
-def inspected(
+def one_at_a_time(
     translator: Translator, lines: Iterable[str], trace_k: int | None, attention: Path | None
 ) -> Iterator[list[Translation]]:
     """Each line translated alone, as soon as it is read, with its trace and attention maps."""
@@ -285,6 +339,33 @@ def check_arguments(texts: list[str]) -> None:
     for number, text in enumerate(texts, 1):
         if not is_utf8(text):
             fail(f"argument {number}: not valid UTF-8")
+
+
+def first_bad_line(path: Path, block: int = 1 << 20) -> int | None:
+    """The number of the first line of a file that is not valid UTF-8, or None; read in blocks
+    of `block` bytes, in bounded memory whatever the lines' length."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    newlines = 0  # in the blocks decoded so far
+    with path.open("rb") as f:
+        try:
+            while data := f.read(block):
+                decoder.decode(data)
+                newlines += data.count(b"\n")
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            # e.object is the decoder's few held bytes of a split character, then the block:
+            # the held bytes hold no newline.
+            return newlines + e.object.count(b"\n", 0, e.start) + 1
+    return None
+
+
+def check_input_encoding(path: Path) -> None:
+    """Refuse an --input file that is not all UTF-8 before a line of it is translated.
+
+    Only a regular file is read ahead: a pipe or a device is read once, and checked as it is.
+    """
+    if path.is_file() and (line := first_bad_line(path)) is not None:
+        fail(f"{path}:{line}: not valid UTF-8")
 
 
 def check_output(output: Path, inputs: list[Path], run_dir: Path, from_stdin: bool) -> None:
