@@ -21,6 +21,7 @@ from mtrain.dataset import BatchStream
 from mtrain.distributed import Group
 from mtrain.run_dir import load_checkpoint
 from mtrain.train import Trainer
+from mtrain.update_step import UpdateStep
 
 from .synthetic import REPO, overrides
 
@@ -50,9 +51,15 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
     # fp32: bf16 autocast would round the weights' last-bit differences (from gradients summed
     # in another order) up to differences past the tolerances below within a few updates
     cfg = tiny_config(corpus, max_steps=10, eval_every=10, accumulate=accumulate, precision="fp32")
-    trainer = Trainer(cfg, Path(run_dir), CPU, group=group)
     consumed, allreduces, losses, grads = [], [], [], []
-    collate, train_step = trainer.corpus.collate, trainer.train_step
+
+    class RecordingStep(UpdateStep):
+        def __call__(self, update):
+            losses.append(super().__call__(update))
+            return losses[-1]
+
+    trainer = Trainer(cfg, Path(run_dir), CPU, group=group, make_step=RecordingStep)
+    collate = trainer.corpus.collate
     clip = torch.nn.utils.clip_grad_norm_
 
     def recording_collate(indices):
@@ -63,17 +70,12 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
         allreduces.append(1)
         return default_hooks.allreduce_hook(state, bucket)
 
-    def recording_step(update):
-        losses.append(train_step(update))
-        return losses[-1]
-
     def recording_clip(parameters, *args, **kwargs):
         parameters = list(parameters)  # the model's, in the order of named_parameters
         grads.append([p.grad.clone() for p in parameters])
         return clip(parameters, *args, **kwargs)
 
     trainer.corpus.collate = recording_collate
-    trainer.train_step = recording_step
     torch.nn.utils.clip_grad_norm_ = recording_clip
     if group.active:
         trainer.net.register_comm_hook(None, counting_hook)
@@ -341,9 +343,9 @@ def slow_start_worker(rank, port, corpus, tmp_path, report) -> None:
     cfg = tiny_config({**corpus, "prepared_dir": str(Path(tmp_path, "prepared"))})
     try:
         trainer = Trainer(cfg, run, CPU, group=group)
-        updates = trainer.updates()
+        updates = trainer.data.updates(group, cfg.train.accumulate)
         for _ in range(2):
-            trainer.train_step(next(updates))
+            trainer.update_step(next(updates))
         outcome = "ok"
     except RuntimeError as e:
         outcome = f"{type(e).__name__}: {e}"
