@@ -119,6 +119,7 @@ class TrainingState:
             "skipped": progress.skipped,
             "minutes": progress.minutes,
             "validated": progress.validated,
+            "finished": progress.finished and progress.finished.to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> Progress:

@@ -19,8 +19,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from mtrain import config, distributed
 from mtrain.dataset import BatchStream
 from mtrain.distributed import Group
-from mtrain.run_dir import load_checkpoint
+from mtrain.run_dir import CheckpointError, load_checkpoint
 from mtrain.train import Trainer
+from mtrain.training_state import Held, resume_from_rank_0
 from mtrain.update_step import UpdateStep
 
 from .synthetic import REPO, overrides
@@ -359,3 +360,36 @@ def test_start_up_may_take_longer_than_the_peer_timeout(corpus, tmp_path):
     mp.start_processes(slow_start_worker, args, nprocs=2, start_method="spawn")
     assert [Path(f"{report}.{rank}").read_text() for rank in range(2)] == ["ok", "ok"]
     assert (tmp_path / "slow").exists(), "rank 0 did not train a tokenizer: nothing was tested"
+
+
+def test_only_a_newer_checkpoint_on_another_rank_stops_the_start():
+    last = Path("run/last.pt")
+    at = [Held(step, f"host{rank}") for rank, step in enumerate([None, None])]
+    assert not resume_from_rank_0(at, last)  # nothing anywhere: a new run
+    assert resume_from_rank_0([Held(4, "a"), Held(None, "b")], last)  # rank 0 alone: as ever
+    assert resume_from_rank_0([Held(4, "a"), Held(4, "a")], last)  # a shared disk
+    assert resume_from_rank_0([Held(6, "a"), Held(4, "b")], last)  # older elsewhere: unused
+    for rank_0 in (None, 2):
+        with pytest.raises(CheckpointError, match=r"rank 1 \(on b\) holds it at step 4, rank 0"):
+            resume_from_rank_0([Held(rank_0, "a"), Held(4, "b"), Held(3, "c")], last)
+
+
+def test_a_checkpoint_on_a_machine_that_is_not_rank_0_is_not_ignored(corpus, tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    codes, stderr = train_on_two_machines(
+        [run, elsewhere], overrides(corpus, max_steps=4, eval_every=2)
+    )
+    assert codes == [0, 0], stderr
+    before = (run / "last.pt").read_bytes()
+    # The rendezvous made the other machine rank 0 this time.
+    codes, stderr = train_on_two_machines(
+        [elsewhere, run], overrides(corpus, max_steps=6, eval_every=2)
+    )
+    assert codes == [2, 2], stderr
+    for rank_stderr in stderr:
+        errors = [x for x in rank_stderr.splitlines() if x.startswith("mtrain: error:")]
+        assert len(errors) == 1 and "Traceback" not in rank_stderr, rank_stderr
+        assert f"{elsewhere / 'last.pt'}: rank 1 (on " in errors[0]
+        assert "holds it at step 4, rank 0 (on " in errors[0]
+    assert not (elsewhere / "last.pt").exists()
+    assert (run / "last.pt").read_bytes() == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -390,3 +391,36 @@ def test_a_run_resumed_in_another_dtype_says_so(corpus, tmp_path, monkeypatch, c
     monkeypatch.setattr(train.runtime, "mixed_precision", lambda device, precision: torch.bfloat16)
     train.Trainer(cfg, tmp_path, cpu, resume=True)
     assert "was trained in float32; the run goes on in bfloat16" in caplog.text
+
+
+def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=6, eval_every=3)
+    write_config(tmp_path, cfg)
+    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    state = load_checkpoint(tmp_path / "last.pt")
+    # As written before torchrun, dtypes, validation marks and limits were recorded.
+    (rng,) = state.pop("rng")
+    old = {k: v for k, v in state.items() if k not in ("format", "dtype", "validated")}
+    old |= {"python_rng_state": rng["python"], "torch_rng_state": rng["torch"]}
+    old |= {"cuda_rng_states": rng["cuda"]}
+    old["finished"] = {"reason": "train.max_steps is 6", "max_steps": 6, "max_minutes": math.inf}
+    save_checkpoint(tmp_path / "last.pt", old)
+
+    again = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+    assert again.step == 6 and again.finished.limit == "max_steps"
+    assert again.run() == state["best_bleu"]  # finished: nothing to do
+    more = small_config(corpus, max_steps=9, eval_every=3)
+    resumed = train.Trainer(more, tmp_path, torch.device("cpu"), resume=True)
+    assert torch.equal(torch.get_rng_state(), rng["torch"])
+    resumed.run()
+    upgraded = load_checkpoint(tmp_path / "last.pt")
+    assert upgraded["step"] == 9 and upgraded["format"] == 2 and "torch_rng_state" not in upgraded
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=3, eval_every=3)
+    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    state = load_checkpoint(tmp_path / "last.pt")
+    save_checkpoint(tmp_path / "last.pt", {**state, "format": 99})
+    with pytest.raises(CheckpointError, match="its format 99 is newer than this mtrain's"):
+        train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from mtrain import config, jsonl, update_step
+from mtrain.commands.info import echo_training
 from mtrain.data import Batch
-from mtrain.run_dir import AVERAGED, load_checkpoint, step_checkpoints
+from mtrain.run_dir import AVERAGED, load_checkpoint, step_checkpoints, training_summary
 from mtrain.tokenizer import PAD_ID
 from mtrain.train import Interrupted, Trainer, Update, Validation
 from mtrain.validation import Validator
@@ -133,3 +134,35 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
     # The budget ended the run after a validation of this very step: none again.
     records = jsonl.read(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == ([3] if stop == "budget" else [])
+
+
+def test_patience_does_not_end_a_linear_schedule_before_its_planned_end(
+    corpus, tmp_path, caplog, capsys
+):
+    # Dev BLEU never improves after the first validation: patience 1 would stop at step 10.
+    keys = {"max_steps": 20, "eval_every": 5, "warmup_steps": 2, "patience": 1}
+    cfg = small_config(corpus, lr_schedule="linear", **keys)
+    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
+    with caplog.at_level("INFO"):
+        trainer.run()
+    assert trainer.step == 20
+    assert caplog.text.count("train.patience is not used under train.lr_schedule: linear") == 1
+    assert "finished at step 20: train.max_steps is 20; learning rate 0.00e+00 (0% of its" in (
+        caplog.text
+    )
+    finished = load_checkpoint(tmp_path / "last.pt")["finished"]
+    assert finished["limit"] == "max_steps" and finished["lr"] == 0.0
+    # `mtrain info` shows it.
+    echo_training(training_summary(tmp_path), cfg.train.lr)
+    assert "finished: train.max_steps is 20; learning rate then 0.00e+00, 0% of peak" in (
+        capsys.readouterr().out
+    )
+
+
+def test_patience_still_ends_an_inverse_sqrt_schedule(corpus, tmp_path):
+    keys = {"max_steps": 20, "eval_every": 5, "warmup_steps": 2, "patience": 1}
+    cfg = small_config(corpus, lr_schedule="inverse_sqrt", **keys)
+    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
+    trainer.run()
+    assert trainer.step == 10
+    assert load_checkpoint(tmp_path / "last.pt")["finished"]["limit"] == "patience"
