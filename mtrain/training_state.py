@@ -2,7 +2,9 @@
 
 `TrainingState` is everything a resumed run needs to continue exactly where another stopped;
 `Checkpoints` writes it: last.pt at every validation, best.pt, the last `train.keep_last`
-step-N.pt and, at the end, their average.
+step-N.pt and, at the end, their average. A checkpoint records its `FORMAT`; `upgrade` is the
+one place that reads older ones. `resume_from_rank_0` decides, from what every rank holds,
+whether a run resumes.
 """
 
 from __future__ import annotations
