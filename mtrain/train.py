@@ -72,8 +72,8 @@ class Trainer:
         self.checkpoints = Checkpoints(run_dir, cfg.train)
         # Every rank says which last.pt it holds: one newer than rank 0's is not ignored.
         mine = self.checkpoints.held(expected=resume) if resume or not group.is_main else None
-        held = group.gather(mine or Held(None, socket.gethostname()), startup=True)
-        resume = resume_from_rank_0(held, self.checkpoints.last)
+        none = Held(None, socket.gethostname(), str(self.checkpoints.last))
+        resume = resume_from_rank_0(group.gather(mine or none, startup=True))
         self.clock, self.start = clock, clock()
         runtime.set_seed(cfg.train.seed)
         runtime.configure(device)

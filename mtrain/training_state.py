@@ -180,11 +180,12 @@ class Held:
 
     step: int | None  # the step of its last.pt; None: it holds none
     host: str
+    path: str  # of its last.pt
 
 
-def resume_from_rank_0(held: list[Held], last: Path) -> bool:
+def resume_from_rank_0(held: list[Held]) -> bool:
     """Whether the run resumes, from rank 0's last.pt, given what each rank holds (in rank
-    order). Rank 0 alone reads the run directory, so a newer last.pt on another rank's machine
+    order). A run resumes from what rank 0 reads, so a newer last.pt on another rank's machine
     (rank 0 started on a machine without the run's disk) is refused rather than ignored: the
     run would start over, or go back to an older step, without a word."""
     newest = max((h.step for h in held if h.step is not None), default=None)
@@ -192,10 +193,11 @@ def resume_from_rank_0(held: list[Held], last: Path) -> bool:
         return newest is not None
     rank = next(r for r, h in enumerate(held) if h.step == newest)
     has = "none" if held[0].step is None else f"one of step {held[0].step}"
+    there = held[rank].host
     raise CheckpointError(
-        f"{last}: rank {rank} (on {held[rank].host}) holds it at step {newest}, rank 0 (on "
-        f"{held[0].host}) {has}; start rank 0 on {held[rank].host}, or copy the run directory "
-        "there to rank 0's machine"
+        f"{held[rank].path}: rank {rank} (on {there}) holds it at step {newest}, rank 0 (on "
+        f"{held[0].host}) {has}; start rank 0 on {there}, or copy the run directory there to "
+        "rank 0's machine"
     )
 
 
@@ -222,7 +224,7 @@ class Checkpoints:
                 step = state["step"]
             except Exception:  # damaged or foreign: refused as a resume from it would be
                 step = load_checkpoint(self.last)["step"]
-        return Held(step, socket.gethostname())
+        return Held(step, socket.gethostname(), str(self.last))
 
     def save_last(self, state: dict[str, Any]) -> None:
         save_checkpoint(self.last, state)

@@ -363,15 +363,16 @@ def test_start_up_may_take_longer_than_the_peer_timeout(corpus, tmp_path):
 
 
 def test_only_a_newer_checkpoint_on_another_rank_stops_the_start():
-    last = Path("run/last.pt")
-    at = [Held(step, f"host{rank}") for rank, step in enumerate([None, None])]
-    assert not resume_from_rank_0(at, last)  # nothing anywhere: a new run
-    assert resume_from_rank_0([Held(4, "a"), Held(None, "b")], last)  # rank 0 alone: as ever
-    assert resume_from_rank_0([Held(4, "a"), Held(4, "a")], last)  # a shared disk
-    assert resume_from_rank_0([Held(6, "a"), Held(4, "b")], last)  # older elsewhere: unused
+    def held(*steps: int | None, hosts: str = "abc") -> list[Held]:
+        return [Held(step, host, f"/{host}/run/last.pt") for step, host in zip(steps, hosts)]
+
+    assert not resume_from_rank_0(held(None, None))  # nothing anywhere: a new run
+    assert resume_from_rank_0(held(4, None))  # rank 0 alone: as ever
+    assert resume_from_rank_0(held(4, 4, hosts="aa"))  # a shared disk
+    assert resume_from_rank_0(held(6, 4))  # older elsewhere: unused
     for rank_0 in (None, 2):
-        with pytest.raises(CheckpointError, match=r"rank 1 \(on b\) holds it at step 4, rank 0"):
-            resume_from_rank_0([Held(rank_0, "a"), Held(4, "b"), Held(3, "c")], last)
+        with pytest.raises(CheckpointError, match=r"/b/run/last.pt: rank 1 \(on b\) holds it"):
+            resume_from_rank_0(held(rank_0, 4, 3))
 
 
 def test_a_checkpoint_on_a_machine_that_is_not_rank_0_is_not_ignored(corpus, tmp_path):
@@ -389,7 +390,7 @@ def test_a_checkpoint_on_a_machine_that_is_not_rank_0_is_not_ignored(corpus, tmp
     for rank_stderr in stderr:
         errors = [x for x in rank_stderr.splitlines() if x.startswith("mtrain: error:")]
         assert len(errors) == 1 and "Traceback" not in rank_stderr, rank_stderr
-        assert f"{elsewhere / 'last.pt'}: rank 1 (on " in errors[0]
+        assert f"{run / 'last.pt'}: rank 1 (on " in errors[0]
         assert "holds it at step 4, rank 0 (on " in errors[0]
     assert not (elsewhere / "last.pt").exists()
     assert (run / "last.pt").read_bytes() == before
