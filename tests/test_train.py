@@ -154,7 +154,7 @@ def test_patience_does_not_end_a_linear_schedule_before_its_planned_end(
     assert finished["limit"] == "max_steps" and finished["lr"] == 0.0
     # `mtrain info` shows it.
     echo_training(training_summary(tmp_path), cfg.train.lr)
-    assert "finished: train.max_steps is 20; learning rate then 0.00e+00, 0% of peak" in (
+    assert "finished: train.max_steps is 20; learning rate then 0.00e+00 (0% of its peak)" in (
         capsys.readouterr().out
     )
 
