@@ -4,24 +4,41 @@ SIGTERM; under torchrun, rank 0 decides and tells the others after every update.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 import logging
 import math
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from mtrain.config import TrainConfig
 from mtrain.distributed import Group
-from mtrain.optim import LinearSchedule
+from mtrain.optim import Schedule
+
+if TYPE_CHECKING:
+    from mtrain.validation import Scoreboard
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-# What every process does after an update.
-GO = "go"  # on to the next update
-VALIDATE = "validate"  # validate and checkpoint, then go on
-FINAL = "final"  # validate and checkpoint for the last time
-STOP = "stop"  # save last.pt and stop: the last validation was of this very step
-INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
+
+class Action(enum.Enum):
+    """What every process does after an update."""
+
+    GO = "go"  # on to the next update
+    VALIDATE = "validate"  # validate and checkpoint, then go on
+    FINAL = "final"  # validate and checkpoint for the last time
+    STOP = "stop"  # save last.pt and stop: the last validation was of this very step
+    INTERRUPT = "interrupt"  # save last.pt and stop (Ctrl-C or SIGTERM)
+
+
+def patience(cfg: TrainConfig) -> int:
+    """The validations without a better dev BLEU that end a run; 0: never. A linear schedule
+    ends at its planned last update, where its rate reaches 0: stopping it earlier would skip
+    the annealing, and best.pt keeps the best validated model anyway."""
+    return 0 if cfg.lr_schedule == "linear" else cfg.patience
 
 
 def limits(cfg: TrainConfig) -> dict[str, float]:
@@ -29,36 +46,55 @@ def limits(cfg: TrainConfig) -> dict[str, float]:
     return {
         "max_steps": cfg.max_steps,
         "max_minutes": cfg.max_minutes or math.inf,
-        "patience": cfg.patience or math.inf,
+        "patience": patience(cfg) or math.inf,
     }
 
 
-def raised(cfg: TrainConfig, finished: dict) -> bool:
-    """Whether `cfg` raises the limit that ended the run `finished`, so that it can train on."""
-    limit, now = finished.get("limit"), limits(cfg)
-    if limit is None:  # recorded before runs named the limit that ended them
-        return (
-            now["max_steps"] > finished["max_steps"] or now["max_minutes"] > finished["max_minutes"]
-        )
-    return now[limit] > finished[limit]
+@dataclass
+class Finished:
+    """Why a run ended, and its limits then: a later start with the same limits has nothing
+    to do."""
 
+    reason: str  # in words, for the log
+    limit: str  # the key of `limits` that ended it
+    max_steps: float
+    max_minutes: float
+    patience: float
+    lr: float = 0.0  # the learning rate the next update would have had
 
-def annealed(cfg: TrainConfig, finished: dict) -> bool:
-    """Whether the run `finished` ended with its linear schedule at 0, where no raised limit
-    can train it on; one that `train.patience` stopped ended partway down."""
-    return cfg.lr_schedule == "linear" and finished.get("limit") != "patience"
+    @classmethod
+    def of(cls, cfg: TrainConfig, limit: str, reason: str, lr: float) -> Finished:
+        return cls(reason, limit, **limits(cfg), lr=lr)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> Finished:
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def raised(self, cfg: TrainConfig) -> bool:
+        """Whether `cfg` raises the limit that ended the run, so that it can train on."""
+        return limits(cfg)[self.limit] > getattr(self, self.limit)
+
+    def annealed(self, cfg: TrainConfig) -> bool:
+        """Whether the run ended with its linear schedule at 0, where no raised limit can train
+        it on; one that `train.patience` stopped ended partway down."""
+        return cfg.lr_schedule == "linear" and self.limit != "patience"
 
 
 class Coordinator:
     """The decisions of a run that every process must take alike."""
 
-    def __init__(self, cfg: TrainConfig, group: Group, step: int, minutes: float, schedule):
+    def __init__(
+        self, cfg: TrainConfig, group: Group, step: int, minutes: float, schedule: Schedule
+    ):
         self.cfg, self.group = cfg, group
         self.budget = cfg.max_minutes or math.inf
         # The learning rate's end under a linear schedule: where the run ends too.
-        self.schedule = schedule if isinstance(schedule, LinearSchedule) else None
+        self.schedule = schedule if schedule.anneals else None
         if self.schedule and self.budget == math.inf:
-            self._end_at_max_steps(step)
+            self.schedule.end_at(step, cfg.max_steps)
         self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
@@ -83,16 +119,6 @@ class Coordinator:
                 "%s: saving a checkpoint after this step (again to stop at once)",
                 signal.Signals(signum).name,
             )
-
-    def _end_at_max_steps(self, step: int) -> None:
-        """Without a time budget the linear decay ends at `max_steps`; a run resumed with
-        another `max_steps`, or without the budget it had, decays from the rate reached to 0
-        there instead."""
-        total, end = self.schedule.total, self.cfg.max_steps
-        if total is None and step < self.cfg.warmup_steps:
-            self.schedule.total = end  # still warming up: the decay has not begun
-        elif total is None or (total != end and step < min(total, end)):
-            self.schedule.replan(step, end)
 
     @property
     def last_step(self) -> int:
@@ -124,7 +150,7 @@ class Coordinator:
                 planned,
             )
 
-    def ended(self, step: int, minutes: float, stale: int) -> tuple[str, str] | None:
+    def ended(self, step: int, minutes: float, scores: Scoreboard) -> tuple[str, str] | None:
         """Why a run at `step` after `minutes` is over: the limit that ended it (a key of
         `limits`) and the reason in words; None while it goes on."""
         cfg, total = self.cfg, self.schedule and self.schedule.total
@@ -132,23 +158,24 @@ class Coordinator:
             return "max_steps", f"train.max_steps is {cfg.max_steps}"
         if total is not None and step >= total:  # short of max_steps: where the budget planned
             return "max_minutes", f"the linear learning-rate schedule reached 0 at step {total}"
-        if cfg.patience and stale >= cfg.patience:
+        if scores.exhausted:
+            stale = scores.stale
             return "patience", f"dev BLEU did not improve in {stale} validations (train.patience)"
         if minutes + self.reserve >= self.budget:
             return "max_minutes", f"train.max_minutes ({cfg.max_minutes:g}) is spent"
         return None
 
-    def next_action(self, step: int, minutes: float, updated: bool) -> str:
+    def next_action(self, step: int, minutes: float, updated: bool) -> Action:
         """What every process does after an update, as rank 0 decides; `updated` is false
         after a skipped update, which leaves nothing new to validate but may still end the run."""
         if self.stop_requested:
-            action = INTERRUPT
+            action = Action.INTERRUPT
         elif step >= self.last_step or minutes + self.reserve >= self.budget:
-            action = STOP if step == self.validated_step else FINAL
+            action = Action.STOP if step == self.validated_step else Action.FINAL
         elif updated and step % self.cfg.eval_every == 0:
-            action = VALIDATE
+            action = Action.VALIDATE
         else:
-            action = GO
+            action = Action.GO
         return self.group.broadcast(action)
 
     def validated(self, step: int, minutes_taken: float) -> None:
@@ -156,9 +183,9 @@ class Coordinator:
         self.validated_step = step
         self.reserve = minutes_taken * (2 if self.cfg.average_last else 1)
 
-    def patience_out(self, stale: int) -> bool:
+    def patience_out(self, scores: Scoreboard) -> bool:
         """Whether dev BLEU has not improved for `train.patience` validations (as rank 0 saw)."""
-        out = self.group.broadcast(bool(self.cfg.patience) and stale >= self.cfg.patience)
+        out = self.group.broadcast(scores.exhausted)
         if out:
-            log.info("no better dev BLEU in %d validations: stopping", stale)
+            log.info("no better dev BLEU in %d validations: stopping", scores.stale)
         return out

@@ -57,12 +57,12 @@ class Group:
         if self.active:
             dist.barrier(group=_startup_group)
 
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order, on every rank."""
+    def gather(self, obj: Any, startup: bool = False) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank; `startup` as for `broadcast`."""
         if not self.active:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=_startup_group if startup else None)
         return out
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:

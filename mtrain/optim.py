@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,9 +68,56 @@ def loss_fn(
     )
 
 
-def build_optimizer(
-    model: torch.nn.Module, cfg: TrainConfig
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+class Schedule:
+    """The learning-rate schedule of a run, stepped once per update; a linear one can be
+    re-planned to end at another update (the coordinator's `plan`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]):
+        self.optimizer = optimizer
+        self.linear = factor if isinstance(factor, LinearSchedule) else None
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        self.factor = factor  # of update number `updates_done + 1`
+
+    @property
+    def anneals(self) -> bool:
+        """Whether the rate decays to 0 at a planned last update (a linear schedule)."""
+        return self.linear is not None
+
+    @property
+    def total(self) -> int | None:
+        """The planned last update of a linear schedule; None: none planned (yet)."""
+        return self.linear.total if self.linear else None
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next update."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    def step(self) -> None:
+        self.scheduler.step()
+
+    def replan(self, updates_done: int, total: int) -> None:
+        """Decay in a straight line from the next update's rate to 0 at update `total`."""
+        self.linear.replan(updates_done, total)
+
+    def end_at(self, updates_done: int, end: int) -> None:
+        """Without a time budget the linear decay ends at `end` (max_steps); a run resumed with
+        another `max_steps`, or without the budget it had, decays from the rate reached to 0
+        there instead."""
+        total = self.linear.total
+        if total is None and updates_done < self.linear.warmup:
+            self.linear.total = end  # still warming up: the decay has not begun
+        elif total is None or (total != end and updates_done < min(total, end)):
+            self.replan(updates_done, end)
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, Schedule]:
     """AdamW with the betas of the paper and its learning-rate schedule, stepped per update."""
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -84,4 +132,4 @@ def build_optimizer(
         factor = LinearSchedule(cfg.warmup_steps, None if cfg.max_minutes else cfg.max_steps)
     else:
         factor = functools.partial(lr_factor, warmup_steps=cfg.warmup_steps)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return optimizer, Schedule(optimizer, factor)

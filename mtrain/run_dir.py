@@ -53,6 +53,7 @@ def save_copy(src: Path, dst: Path) -> None:
 # The entries a checkpoint may hold (`TrainingState.state_dict`, `average_checkpoints`) and the
 # type of each: a damaged or foreign file is refused here, not deep inside a resume or an average.
 ENTRIES = {
+    "format": int,
     "model": dict,
     "step": int,
     "tokenizer": str,
@@ -68,6 +69,7 @@ ENTRIES = {
     "stale": int,
     "skipped": int,
     "minutes": (int, float),
+    "finished": dict,
 }
 
 
@@ -240,4 +242,18 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "best_dev_bleu": None if best is None else best["dev_bleu"],
         "best_is_average": best is not None and best.get("event") == "average",
         "checkpoints": {p.name: p.stat().st_size for p in sorted(run_dir.glob("*.pt"))},
+        "finished": finished_record(run_dir / LAST),
     }
+
+
+def finished_record(path: Path) -> dict[str, Any] | None:
+    """Why the run of last.pt `path` ended, and its learning rate then; None while it goes on
+    (or unknown: no readable last.pt). Its tensors are not read."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # none yet, or damaged: `load_checkpoint` says why where it matters
+        return None
+    finished = state.get("finished") if isinstance(state, dict) else None
+    if not isinstance(finished, dict):
+        return None
+    return {key: finished.get(key) for key in ("reason", "limit", "lr")}

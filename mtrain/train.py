@@ -1,35 +1,52 @@
-"""Training a model: the `Trainer`, which puts one run's parts together.
+"""Training a model: the `Trainer`, which puts one run's parts together and runs its loop.
 
-Each part is a module of its own: `training_data` (prepared corpus, tokenizer, dev set, batches:
-the one place that reads data), `update_step` (accumulation, DDP, mixed precision, out of
-memory, non-finite losses), `validation`, `training_state` (what checkpoints hold, resuming,
-best/keep-last/average), `training_log` (progress bar, train.jsonl, metrics.jsonl),
-`coordinator` (when to validate and stop) and `train_loop` (the loop that runs them)."""
+Each part is an object of its own, built from what it needs: `TrainingData` (prepared corpus,
+tokenizer, dev set, updates: the one place that reads data), `UpdateStep` (accumulation, DDP,
+mixed precision, out of memory, non-finite losses), `Validator` and `Scoreboard` (dev scores,
+best dev BLEU, patience), `Schedule` (the learning rate), `Coordinator` (when to validate and
+stop), `TrainingState` and `Checkpoints` (what checkpoints hold, and their files) and `RunLog`
+(progress bar, train.jsonl, metrics.jsonl). docs/architecture.md follows one update through them.
+"""
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import jsonl, runtime, train_loop, update_step
+from mtrain import jsonl, runtime
 from mtrain.config import Config, ConfigError
-from mtrain.coordinator import annealed, raised
+from mtrain.coordinator import Action, Coordinator, Finished, patience
 from mtrain.distributed import Group
-from mtrain.optim import loss_fn
-from mtrain.run_dir import METRICS, TRAIN_LOG
-from mtrain.train_loop import Interrupted, RunFileError
+from mtrain.optim import build_optimizer
+from mtrain.run_dir import METRICS, TRAIN_LOG, build_model
 from mtrain.training_data import TrainingData, Update
-from mtrain.training_state import Checkpoints, TrainingState
-from mtrain.update_step import NonFiniteLoss, OutOfMemory
-from mtrain.validation import Validation, dev_scores
+from mtrain.training_log import RunLog, run_log
+from mtrain.training_state import Checkpoints, Held, Progress, TrainingState, resume_from_rank_0
+from mtrain.update_step import LossSettings, NonFiniteLoss, OutOfMemory, UpdateStep
+from mtrain.validation import Scoreboard, Validation, Validator
 
 # The Trainer, and the ways its run can end other than by finishing.
 __all__ = ["Interrupted", "NonFiniteLoss", "OutOfMemory", "RunFileError", "Trainer"]
+__all__ += ["Update", "Validation"]  # what tests and scripts hand a Trainer's parts
 log = logging.getLogger(__name__)
+
+
+class RunFileError(OSError):
+    """A file could not be read or written while training; the message says what was kept."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
+
+    def __init__(self, step: int):
+        super().__init__(f"interrupted at step {step}")
+        self.step = step
 
 
 class Trainer:
@@ -42,84 +59,211 @@ class Trainer:
         device: torch.device,
         resume: bool = False,
         group: Group | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        make_step: Callable[..., UpdateStep] = UpdateStep,
+        make_validator: Callable[..., Validator] = Validator,
     ):
-        """Under torchrun every process builds a Trainer; rank 0 alone reads and writes the run
-        directory, and sends the others the tokenizer and the checkpoint to resume from."""
+        """Under torchrun every process builds a Trainer; rank 0 alone writes the run directory,
+        and sends the others the tokenizer and the checkpoint to resume from. `clock` (seconds),
+        `make_step` and `make_validator` build the parts that tests replace."""
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
         self.group = group = group or Group()
-        resume = group.broadcast(resume, startup=True)
-        self.start = time.monotonic()
+        self.checkpoints = Checkpoints(run_dir, cfg.train)
+        # Every rank says which last.pt it holds: one newer than rank 0's is not ignored.
+        mine = self.checkpoints.held(expected=resume) if resume or not group.is_main else None
+        none = Held(None, socket.gethostname(), str(self.checkpoints.last))
+        resume = resume_from_rank_0(group.gather(mine or none, startup=True))
+        self.clock, self.start = clock, clock()
         runtime.set_seed(cfg.train.seed)
         runtime.configure(device)
         self.data = data = TrainingData(cfg, run_dir, group, resume)
         # Shortcuts, for scripts and tests:
         self.tokenizer, self.corpus, self.stream = data.tokenizer, data.corpus, data.stream
         self.amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
-        self.state = TrainingState.new(cfg, data, device, self.amp_dtype)
-        self.model = self.state.model
-        self.checkpoints = Checkpoints(run_dir, cfg.train)
-        if resume:
-            self.resume()
-        elif group.rank:  # the same initial weights everywhere, other dropout masks
+        self.model = build_model(cfg, data.tokenizer).to(device)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        dtype = str(self.amp_dtype or torch.float32).removeprefix("torch.")
+        log.info("model has %.1fM parameters, training on %s in %s", n_params / 1e6, device, dtype)
+        optimizer, self.schedule = build_optimizer(self.model, cfg.train)
+        # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
+        scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
+        self.scores = Scoreboard(patience(cfg.train))
+        fingerprint = data.tokenizer.fingerprint()
+        self.state = TrainingState(
+            self.model, optimizer, self.schedule, scaler, data, self.scores, fingerprint, dtype
+        )
+        progress = self.resume() if resume else Progress()
+        if not resume and group.rank:  # the same initial weights everywhere, other dropout masks
             torch.manual_seed(cfg.train.seed + group.rank)
+        self.minutes_before, self.finished = progress.minutes, progress.finished
+        self.validated = progress.validated  # whether the step resumed from was validated
         if group.is_main:
             for name in (METRICS, TRAIN_LOG):
-                jsonl.trim(run_dir / name, self.step)
+                jsonl.trim(run_dir / name, progress.step)
         group.end_startup()
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.
         self.net = DistributedDataParallel(self.model) if group.active else self.model
+        self.update_step = make_step(
+            net=self.net,
+            model=self.model,
+            optimizer=optimizer,
+            scaler=scaler,
+            schedule=self.schedule,
+            group=group,
+            device=device,
+            amp_dtype=self.amp_dtype,
+            loss=LossSettings.of(cfg.train),
+            step=progress.step,
+            skipped=progress.skipped,
+        )
+        self.validator = make_validator(self.model, data, cfg, device, self.amp_dtype, self.minutes)
 
-    def resume(self) -> None:
+    def resume(self) -> Progress:
         """Continue from last.pt, which rank 0 reads and sends: no rank needs another's disk."""
         main = self.group.is_main
         state = self.group.broadcast(self.checkpoints.load_last() if main else None, startup=True)
-        self.state.load_state_dict(state, self.checkpoints.last, self.group)
-        self.checkpoints.saved_step = self.step
-        finished = self.state.finished
-        if finished and raised(self.cfg.train, finished) and annealed(self.cfg.train, finished):
+        progress = self.state.load_state_dict(state, self.checkpoints.last, self.group)
+        self.checkpoints.saved_step = progress.step
+        finished, tcfg = progress.finished, self.cfg.train
+        if finished and finished.raised(tcfg) and finished.annealed(tcfg):
             raise ConfigError(
-                f"{self.run_dir}: finished at step {self.step} ({finished['reason']}) with its "
+                f"{self.run_dir}: finished at step {progress.step} ({finished.reason}) with its "
                 "learning rate annealed (train.lr_schedule: linear): raising train.max_steps or "
                 "train.max_minutes cannot train it on; train a new run (another --out)"
             )
-        log.info("resuming %s at step %d", self.run_dir, self.step)
+        log.info("resuming %s at step %d", self.run_dir, progress.step)
+        return progress
 
     @property
     def step(self) -> int:
         """The optimizer updates done."""
-        return self.state.step
+        return self.update_step.step
 
     @property
     def skipped(self) -> int:
         """The updates skipped for running out of memory or a non-finite loss."""
-        return self.state.skipped
+        return self.update_step.skipped
 
     def minutes(self) -> float:
         """Minutes of training, those before a resume included."""
-        return self.state.minutes_before + (time.monotonic() - self.start) / 60
-
-    def token_loss(self, logits: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
-        """What the updates minimise: the label-smoothed loss summed over a batch's tokens."""
-        return loss_fn(logits, tgt_out, self.cfg.train.label_smoothing, "sum")
-
-    def updates(self):
-        """This process's share of each optimizer update, update after update."""
-        return self.data.updates(self.group, self.cfg.train.accumulate)
-
-    def train_step(self, update: Update) -> float | None:
-        """One optimizer update; its mean loss per target token, or None if it was skipped."""
-        return update_step.train_step(self, update)
-
-    def validate(self) -> Validation:
-        """Dev loss, BLEU and chrF of the model as it is now."""
-        dev_loss, scores = dev_scores(self.model, self.data, self.cfg, self.device, self.amp_dtype)
-        return Validation(self.step, self.minutes(), dev_loss, scores.bleu, scores.chrf)
+        return self.minutes_before + (self.clock() - self.start) / 60
 
     def state_dict(self, rng: list[dict], validated: bool = False) -> dict:
         """A checkpoint of the run as it is now; `rng` holds every rank's random generators,
         `validated` whether this step's dev scores were just taken."""
-        return self.state.state_dict(rng, self.minutes(), validated)
+        progress = Progress(self.step, self.skipped, self.minutes(), validated=validated)
+        return self.state.state_dict(progress, rng)
 
     def run(self) -> float:
-        """Train until max_steps or the time budget; return the best dev BLEU (`train_loop`)."""
-        return train_loop.run(self)
+        """Train until max_steps or the time budget; return the best dev BLEU.
+
+        SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
+        Under torchrun, rank 0 decides when to validate and stop, and tells the others.
+        """
+        tcfg, main = self.cfg.train, self.group.is_main
+        coordinator = Coordinator(tcfg, self.group, self.step, self.minutes(), self.schedule)
+        if self.finished_before():
+            return self.scores.best_bleu
+        if main and tcfg.patience and not patience(tcfg):
+            log.info(
+                "train.patience is not used under train.lr_schedule: linear: the run ends where "
+                "its learning rate reaches 0, and best.pt keeps its best validated model"
+            )
+        # Under a time budget the step count is unknown: show no misleading ETA.
+        total = None if tcfg.max_minutes else tcfg.max_steps
+        try:
+            with (
+                coordinator.stop_signals(),
+                run_log(self.run_dir, main, self.step, total) as logs,
+            ):
+                self.train_updates(coordinator, logs)
+                if tcfg.average_last and main:
+                    self.validate_average(logs)
+                ended = coordinator.ended(self.step, self.minutes(), self.scores)
+                if main and ended:  # a later start with the same limits leaves the run as it is
+                    finished = Finished.of(tcfg, *ended, lr=self.schedule.lr)
+                    self.checkpoints.mark_finished(finished, self.scores.best_bleu)
+                    logs.finished(self.step, finished, tcfg.lr)
+        except OSError as e:  # a full disk, a file system gone read-only
+            kept = self.checkpoints.kept()
+            raise RunFileError(f"{e.filename or self.run_dir}: {e.strerror}; {kept}") from None
+        return self.scores.best_bleu
+
+    def finished_before(self) -> bool:
+        """Whether the run resumed had finished and its limits were not raised: nothing to do."""
+        finished = self.finished
+        if finished and finished.raised(self.cfg.train):
+            self.finished = None  # it trains on
+        elif finished:
+            if self.group.is_main:
+                if finished.annealed(self.cfg.train):
+                    hint = "its learning rate is annealed: train a new run to train longer"
+                else:
+                    hint = f"raise train.{finished.limit} to train on"
+                why = finished.reason
+                log.info("%s finished at step %d (%s); %s", self.run_dir, self.step, why, hint)
+            return True
+        return False
+
+    def train_updates(self, coordinator: Coordinator, logs: RunLog) -> None:
+        """Train update after update, validating and stopping as the coordinator says."""
+        main = self.group.is_main
+        if self.step >= coordinator.last_step and not self.validated:
+            # Resumed at the end from a checkpoint of a Ctrl-C or a failed validation: validate it.
+            rng = self.group.gather(runtime.rng_state())
+            if main:
+                self.validate_and_save(coordinator, logs, rng)
+            return
+        for update in self.data.updates(self.group, self.cfg.train.accumulate):
+            if self.step >= coordinator.last_step:
+                break
+            lr = self.schedule.lr  # this update's (the next's after)
+            try:
+                loss = self.update_step(update)
+            except (NonFiniteLoss, OutOfMemory) as e:
+                raise type(e)(f"{e}; {self.checkpoints.kept()}") from None
+            coordinator.plan(self.step, self.minutes())
+            if loss is not None:
+                logs.update(update, loss, self.step, self.minutes(), lr)
+            action = coordinator.next_action(self.step, self.minutes(), loss is not None)
+            if action is Action.GO:
+                continue
+            rng = self.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
+            if action in (Action.INTERRUPT, Action.STOP):
+                if main:
+                    self.checkpoints.save_last(self.state_dict(rng, action is Action.STOP))
+                if action is Action.INTERRUPT:
+                    raise Interrupted(self.step)
+                break
+            if main:
+                self.validate_and_save(coordinator, logs, rng)
+            if coordinator.patience_out(self.scores) or action is Action.FINAL:
+                break
+
+    def validate_and_save(self, coordinator: Coordinator, logs: RunLog, rng: list[dict]) -> None:
+        """Validate (rank 0), keep the best dev BLEU, write the checkpoints and log the scores."""
+        began = self.minutes()
+        try:
+            val = self.validator(self.step)
+        except BaseException:  # out of memory, a second Ctrl-C: keep the updates since last.pt
+            self.checkpoints.save_last(self.state_dict(rng))
+            raise
+        improved = self.scores.record(val.dev_bleu)
+        self.checkpoints.save_validated(self.state_dict(rng, validated=True), improved)
+        logs.validation("validation", val, improved, skipped=self.skipped)
+        coordinator.validated(self.step, self.minutes() - began)
+        logs.restart_window()
+
+    def validate_average(self, logs: RunLog) -> None:
+        """Average the last `train.average_last` step checkpoints into averaged.pt and validate
+        it; it becomes best.pt if its dev BLEU is the best. Leaves the averaged model loaded."""
+        averaged = self.checkpoints.average()
+        if averaged is None:
+            return
+        self.model.load_state_dict(averaged["model"])
+        val = self.validator(self.step)
+        improved = self.scores.record_average(val.dev_bleu)
+        if improved:
+            self.checkpoints.make_average_best()
+        logs.validation("average", val, improved, steps=averaged["steps"])

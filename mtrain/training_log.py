@@ -12,6 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from mtrain.coordinator import Finished
 from mtrain.run_dir import METRICS, TRAIN_LOG
 from mtrain.training_data import Update
 from mtrain.validation import Validation
@@ -101,4 +102,14 @@ class RunLog:
             val.dev_bleu,
             val.dev_chrf,
             "  (best)" if improved else "",
+        )
+
+    def finished(self, step: int, finished: Finished, peak_lr: float) -> None:
+        """Say why the run ended, and where its learning rate was then (last.pt records it)."""
+        log.info(
+            "finished at step %d: %s; learning rate %.2e (%.0f%% of its peak)",
+            step,
+            finished.reason,
+            finished.lr,
+            100 * finished.lr / peak_lr,
         )

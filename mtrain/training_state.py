@@ -2,12 +2,16 @@
 
 `TrainingState` is everything a resumed run needs to continue exactly where another stopped;
 `Checkpoints` writes it: last.pt at every validation, best.pt, the last `train.keep_last`
-step-N.pt and, at the end, their average.
+step-N.pt and, at the end, their average. A checkpoint records its `FORMAT`; `upgrade` is the
+one place that reads older ones. `resume_from_rank_0` decides, from what every rank holds,
+whether a run resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,16 +19,16 @@ from typing import Any
 import torch
 
 from mtrain import runtime
-from mtrain.config import Config, TrainConfig
+from mtrain.config import TrainConfig
+from mtrain.coordinator import Finished
 from mtrain.distributed import Group
-from mtrain.optim import build_optimizer
+from mtrain.optim import Schedule
 from mtrain.run_dir import (
     AVERAGED,
     BEST,
     LAST,
     CheckpointError,
     average_checkpoints,
-    build_model,
     check_tokenizer,
     load_checkpoint,
     save_checkpoint,
@@ -33,94 +37,125 @@ from mtrain.run_dir import (
     step_name,
 )
 from mtrain.training_data import TrainingData
+from mtrain.validation import Scoreboard
 
 log = logging.getLogger(__name__)
 
 
+# The layout of the checkpoints this version writes; `upgrade` brings older ones to it.
+FORMAT = 2
+
+
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """A training checkpoint of any earlier format in this version's layout (FORMAT)."""
+    written_in = state.get("format", 1)
+    if written_in > FORMAT:
+        raise ValueError(f"its format {written_in} is newer than this mtrain's, {FORMAT}")
+    if written_in == FORMAT:
+        return state
+    state = dict(state)
+    if "rng" not in state and "torch_rng_state" in state:  # before training under torchrun
+        state["rng"] = [
+            {
+                "python": state.pop("python_rng_state"),
+                "torch": state.pop("torch_rng_state"),
+                "cuda": state.pop("cuda_rng_states"),
+            }
+        ]
+    state.setdefault("dtype", None)  # unknown: no warning of another one
+    state.setdefault("validated", True)
+    state.setdefault("finished", None)
+    finished = state["finished"]
+    if finished is not None and "limit" not in finished:  # before runs named their limit
+        reason = finished["reason"]
+        if reason.startswith("train.max_steps"):
+            limit = "max_steps"
+        elif reason.startswith("dev BLEU"):
+            limit = "patience"
+        else:
+            limit = "max_minutes"
+        state["finished"] = {"patience": math.inf, **finished, "limit": limit}
+    state["format"] = FORMAT
+    return state
+
+
+@dataclass
+class Progress:
+    """How far a run got: what a resumed run continues from, besides its parts' own states."""
+
+    step: int = 0  # optimizer updates done
+    skipped: int = 0  # updates skipped for running out of memory or a non-finite loss
+    minutes: float = 0.0  # training time spent
+    finished: Finished | None = None  # why the run ended; None while it goes on
+    validated: bool = True  # whether dev scores were taken at this step
+
+
 @dataclass
 class TrainingState:
-    """The model, its optimiser and the counters of a run."""
+    """The parts of a run whose states a checkpoint holds: the model, its optimiser and
+    schedule, the loss scaler, the batch stream and the scoreboard."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    schedule: Schedule
     scaler: torch.amp.GradScaler
     data: TrainingData
+    scores: Scoreboard
     tokenizer: str  # the tokenizer's fingerprint
     dtype: str  # what the updates compute in: autocast's dtype, or float32
-    step: int = 0  # optimizer updates done
-    best_bleu: float = -1.0
-    stale: int = 0  # validations since dev BLEU last improved
-    skipped: int = 0  # updates skipped for running out of memory or a non-finite loss
-    minutes_before: float = 0.0  # training time spent before a resume
-    finished: dict | None = None  # why the run ended, and its limits then; None while it goes on
-    validated: bool = True  # whether the checkpoint resumed from was validated at its step
 
-    @classmethod
-    def new(
-        cls, cfg: Config, data: TrainingData, device: torch.device, amp_dtype: torch.dtype | None
-    ) -> TrainingState:
-        """A run at step 0: a fresh model for the data's tokenizer, and its optimiser."""
-        model = build_model(cfg, data.tokenizer).to(device)
-        n_params = sum(p.numel() for p in model.parameters())
-        dtype = str(amp_dtype or torch.float32).removeprefix("torch.")
-        log.info("model has %.1fM parameters, training on %s in %s", n_params / 1e6, device, dtype)
-        optimizer, scheduler = build_optimizer(model, cfg.train)
-        # fp16 needs loss scaling to keep small gradients from flushing to zero; bf16 does not.
-        scaler = torch.amp.GradScaler(enabled=amp_dtype == torch.float16)
-        return cls(model, optimizer, scheduler, scaler, data, data.tokenizer.fingerprint(), dtype)
-
-    def state_dict(self, rng: list[dict], minutes: float, validated: bool) -> dict[str, Any]:
-        """A checkpoint of this state; `rng` holds every rank's random generators, `validated`
-        says whether dev scores were taken at this step (not at a Ctrl-C or a failed one)."""
+    def state_dict(self, progress: Progress, rng: list[dict]) -> dict[str, Any]:
+        """A checkpoint of the run at `progress`; `rng` holds every rank's random generators."""
         return {
+            "format": FORMAT,
             "model": self.model.state_dict(),
             "tokenizer": self.tokenizer,
             "dtype": self.dtype,
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "step": self.step,
+            "step": progress.step,
             **self.data.state_dict(),
             "rng": rng,
-            "best_bleu": self.best_bleu,
-            "stale": self.stale,
-            "skipped": self.skipped,
-            "minutes": minutes,
-            "validated": validated,
+            **self.scores.state_dict(),
+            "skipped": progress.skipped,
+            "minutes": progress.minutes,
+            "validated": progress.validated,
+            "finished": progress.finished and progress.finished.to_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> None:
-        """Continue from the checkpoint `state`, read from `path`, as rank `group.rank`."""
+    def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> Progress:
+        """Continue from the checkpoint `state`, read from `path`, as rank `group.rank`; return
+        how far it had got."""
         self.data.check_unchanged(state, path)
         check_tokenizer(path, state, self.tokenizer)
-        self.warn_of_another_dtype(state.get("dtype"), path)
         try:
+            state = upgrade(state)
+            self.warn_of_another_dtype(state["dtype"], path)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+            self.schedule.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
-            self.step = state["step"]
             self.data.load_state_dict(state)
-            rng = state.get("rng") or [  # written before mtrain trained under torchrun
-                {
-                    "python": state["python_rng_state"],
-                    "torch": state["torch_rng_state"],
-                    "cuda": state["cuda_rng_states"],
-                }
-            ]
+            rng = state["rng"]
             if len(rng) != group.world_size:
                 raise CheckpointError(
                     f"{path}: written by {len(rng)} training process(es), not "
                     f"{group.world_size}; resume with as many (or train into another --out)"
                 )
             runtime.set_rng_state(rng[group.rank])
-            self.best_bleu, self.stale = state["best_bleu"], state["stale"]
-            self.minutes_before = state["minutes"]
-            self.skipped = state["skipped"]
-            self.finished = state.get("finished")  # written by `Checkpoints.mark_finished`
-            self.validated = state.get("validated", True)
+            self.scores.load_state_dict(state)
+            finished = state["finished"]  # written by `Checkpoints.mark_finished`
+            return Progress(
+                state["step"],
+                state["skipped"],
+                state["minutes"],
+                None if finished is None else Finished.from_dict(finished),
+                state["validated"],
+            )
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            if isinstance(e, CheckpointError):
+                raise
             reason = " ".join(str(e).split())[:200]
             raise CheckpointError(f"{path}: cannot resume from it ({reason})") from None
 
@@ -139,6 +174,33 @@ class TrainingState:
         )
 
 
+@dataclass(frozen=True)
+class Held:
+    """The checkpoint a rank holds at the run directory's path on its machine."""
+
+    step: int | None  # the step of its last.pt; None: it holds none
+    host: str
+    path: str  # of its last.pt
+
+
+def resume_from_rank_0(held: list[Held]) -> bool:
+    """Whether the run resumes, from rank 0's last.pt, given what each rank holds (in rank
+    order). A run resumes from what rank 0 reads, so a newer last.pt on another rank's machine
+    (rank 0 started on a machine without the run's disk) is refused rather than ignored: the
+    run would start over, or go back to an older step, without a word."""
+    newest = max((h.step for h in held if h.step is not None), default=None)
+    if newest is None or held[0].step == newest:
+        return newest is not None
+    rank = next(r for r, h in enumerate(held) if h.step == newest)
+    has = "none" if held[0].step is None else f"one of step {held[0].step}"
+    there = held[rank].host
+    raise CheckpointError(
+        f"{held[rank].path}: rank {rank} (on {there}) holds it at step {newest}, rank 0 (on "
+        f"{held[0].host}) {has}; start rank 0 on {there}, or copy the run directory there to "
+        "rank 0's machine"
+    )
+
+
 class Checkpoints:
     """The checkpoint files of a run directory, which rank 0 alone writes."""
 
@@ -149,6 +211,20 @@ class Checkpoints:
 
     def load_last(self) -> dict[str, Any]:
         return load_checkpoint(self.last)
+
+    def held(self, expected: bool = False) -> Held:
+        """What this process holds at last.pt's path (`expected`: refuse none); its step is read
+        without its tensors."""
+        step = None
+        if expected and not self.last.exists():
+            raise CheckpointError(f"{self.last}: no such checkpoint")
+        if self.last.exists():
+            try:
+                state = torch.load(self.last, map_location="cpu", weights_only=True, mmap=True)
+                step = state["step"]
+            except Exception:  # damaged or foreign: refused as a resume from it would be
+                step = load_checkpoint(self.last)["step"]
+        return Held(step, socket.gethostname(), str(self.last))
 
     def save_last(self, state: dict[str, Any]) -> None:
         save_checkpoint(self.last, state)
@@ -179,12 +255,13 @@ class Checkpoints:
         """Make averaged.pt the best checkpoint (`mark_finished` records its score)."""
         save_copy(self.run_dir / AVERAGED, self.run_dir / BEST)
 
-    def mark_finished(self, finished: dict[str, Any], best_bleu: float) -> None:
+    def mark_finished(self, finished: Finished, best_bleu: float) -> None:
         """Record in last.pt that the run ended (`finished`: why, and the limits then: a later
         start with the same limits has nothing to do), and the best dev BLEU, the average's
         included (a resumed run compares with it, or could replace best.pt by a worse model)."""
-        state = load_checkpoint(self.last)
-        save_checkpoint(self.last, {**state, "best_bleu": best_bleu, "finished": finished})
+        state = upgrade(load_checkpoint(self.last))
+        finished_state = {"best_bleu": best_bleu, "finished": finished.to_dict()}
+        save_checkpoint(self.last, {**state, **finished_state})
 
     def kept(self) -> str:
         """What a failure leaves behind, for its message."""

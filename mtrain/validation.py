@@ -1,9 +1,12 @@
-"""Validation: the teacher-forced dev loss and the greedy dev BLEU and chrF of a model."""
+"""Validation: the teacher-forced dev loss and the greedy dev BLEU and chrF of a model, and
+the scoreboard of a run's validations (best dev BLEU, patience)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,3 +54,59 @@ def dev_scores(
     translator = Translator(model, data.tokenizer, cfg, device, greedy, warn_truncated=False)
     hyps = translator.translate(data.dev_sources)
     return total / tokens, score(hyps, data.dev_refs, cfg.data.tgt_lang)
+
+
+class Validator:
+    """Validates a model as it is now: its dev loss, BLEU and chrF (`dev_scores`)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        data: TrainingData,
+        cfg: Config,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        minutes: Callable[[], float],
+    ):
+        """`minutes`: the run's clock, minutes of training so far."""
+        self.model, self.data, self.cfg = model, data, cfg
+        self.device, self.amp_dtype, self.minutes = device, amp_dtype, minutes
+
+    def __call__(self, step: int) -> Validation:
+        """Dev loss, BLEU and chrF of the model as it is now, at update `step`."""
+        dev_loss, scores = dev_scores(self.model, self.data, self.cfg, self.device, self.amp_dtype)
+        return Validation(step, self.minutes(), dev_loss, scores.bleu, scores.chrf)
+
+
+class Scoreboard:
+    """The best dev BLEU of a run and the validations since it last improved; `patience` of
+    them without a better one (0: never) end the run."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.best_bleu = -1.0
+        self.stale = 0  # validations since dev BLEU last improved
+
+    def record(self, bleu: float) -> bool:
+        """Count a validation's dev BLEU; whether it is the best so far."""
+        improved = bleu > self.best_bleu
+        self.best_bleu = max(self.best_bleu, bleu)
+        self.stale = 0 if improved else self.stale + 1
+        return improved
+
+    def record_average(self, bleu: float) -> bool:
+        """Count the averaged model's dev BLEU, which ends the run: no patience is spent."""
+        improved = bleu > self.best_bleu
+        self.best_bleu = max(self.best_bleu, bleu)
+        return improved
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether `patience` validations in a row found no better dev BLEU."""
+        return bool(self.patience) and self.stale >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_bleu": self.best_bleu, "stale": self.stale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_bleu, self.stale = state["best_bleu"], state["stale"]

@@ -111,11 +111,11 @@ def train_only(train: Path, prepared: Path, n_updates: int = 50) -> None:
     resolve_data(cfg, CONFIG)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(cfg, Path(run_dir), torch.device("cpu"))
-        updates = trainer.updates()
-        trainer.train_step(next(updates))
+        updates = trainer.data.updates(trainer.group, cfg.train.accumulate)
+        trainer.update_step(next(updates))
         first = time.monotonic() - began
         for _ in range(n_updates - 1):
-            trainer.train_step(next(updates))
+            trainer.update_step(next(updates))
     print(f"train: first update after {first:.1f} s ({len(trainer.corpus):,} pairs)")
 
 

@@ -2,8 +2,8 @@
 
     python scripts/bench_train.py --config configs/default.yaml [--steps 40] [--set k=v ...]
 
-Runs the real training step (`Trainer.train_step`) on the config's training data, after a few
-untimed warm-up steps, and prints:
+Runs the real update step (`UpdateStep`, built here without a whole run) on the config's
+training data, after a few untimed warm-up steps, and prints:
 - source + target non-padding tokens per second, and the padding fraction of the timed batches
   and of a whole epoch's batches;
 - model FLOPs per token: the matrix multiplies of forward and backward (3 × forward) for each
@@ -27,12 +27,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from mtrain import config, distributed, runtime
 from mtrain.config import Config
 from mtrain.data import Batch
+from mtrain.distributed import Group
+from mtrain.optim import build_optimizer
+from mtrain.run_dir import build_model
 from mtrain.tokenizer import PAD_ID
-from mtrain.train import Trainer
+from mtrain.training_data import TrainingData
+from mtrain.update_step import LossSettings, UpdateStep
 
 
 def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:
@@ -84,6 +89,27 @@ def padding_fraction(batches: Iterable[Batch]) -> float:
     return 1 - real / total
 
 
+def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Group) -> UpdateStep:
+    """The update step a run of `cfg` would train with, at step 0."""
+    amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
+    model = build_model(cfg, data.tokenizer).to(device)
+    if group.rank:  # the same initial weights everywhere, other dropout masks
+        torch.manual_seed(cfg.train.seed + group.rank)
+    group.end_startup()
+    optimizer, schedule = build_optimizer(model, cfg.train)
+    return UpdateStep(
+        net=DistributedDataParallel(model) if group.active else model,
+        model=model,
+        optimizer=optimizer,
+        scaler=torch.amp.GradScaler(enabled=amp_dtype == torch.float16),
+        schedule=schedule,
+        group=group,
+        device=device,
+        amp_dtype=amp_dtype,
+        loss=LossSettings.of(cfg.train),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, required=True)
@@ -97,9 +123,12 @@ def main() -> None:
     group = distributed.from_env()
     device = runtime.pick_device(args.device, group.local_rank)
     distributed.start(group, device, timeout_minutes=10)
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, Path(tmp), device, group=group)
-    dtype = trainer.amp_dtype or torch.float32
+    runtime.set_seed(cfg.train.seed)
+    runtime.configure(device)
+    with tempfile.TemporaryDirectory() as tmp:  # where a run would keep its tokenizer
+        data = TrainingData(cfg, Path(tmp), group, resume=False)
+    step = update_step(cfg, data, device, group)
+    dtype = step.amp_dtype or torch.float32
     say = print if group.is_main else lambda *a: None
     say(
         f"{args.config}: device {device}, {torch.get_num_threads()} threads, computing in {dtype}"
@@ -113,13 +142,13 @@ def main() -> None:
         shapes.append((8192, 8192, 8192))
     peak = matmul_peak(shapes, device, dtype, say)  # measured again after training: the best
 
-    epoch = (trainer.corpus.collate(b) for b in trainer.stream.epoch_order(0))
+    epoch = (data.corpus.collate(b) for b in data.stream.epoch_order(0))
     epoch_padding = padding_fraction(epoch)
 
-    updates = trainer.updates()
+    updates = data.updates(group, cfg.train.accumulate)
     start = time.perf_counter()
     for _ in range(args.warmup):
-        trainer.train_step(next(updates))
+        step(next(updates))
     warmup_s = time.perf_counter() - start
     timed = []
     if device.type == "cuda":
@@ -128,14 +157,14 @@ def main() -> None:
     start = time.perf_counter()
     for _ in range(args.steps):
         update = next(updates)
-        trainer.train_step(update)
+        step(update)
         timed += update.batches
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
 
     peak = max(peak, matmul_peak(shapes, device, dtype, say))
-    vocab = trainer.tokenizer.tgt_vocab_size
+    vocab = data.tokenizer.tgt_vocab_size
     n_tokens = sum(b.n_tokens for b in timed)
     flops = 3 * sum(
         forward_flops(cfg, vocab, int(s), int(t))

@@ -19,8 +19,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from mtrain import config, distributed
 from mtrain.dataset import BatchStream
 from mtrain.distributed import Group
-from mtrain.run_dir import load_checkpoint
+from mtrain.run_dir import CheckpointError, load_checkpoint
 from mtrain.train import Trainer
+from mtrain.training_state import Held, resume_from_rank_0
+from mtrain.update_step import UpdateStep
 
 from .synthetic import REPO, overrides
 
@@ -50,9 +52,15 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
     # fp32: bf16 autocast would round the weights' last-bit differences (from gradients summed
     # in another order) up to differences past the tolerances below within a few updates
     cfg = tiny_config(corpus, max_steps=10, eval_every=10, accumulate=accumulate, precision="fp32")
-    trainer = Trainer(cfg, Path(run_dir), CPU, group=group)
     consumed, allreduces, losses, grads = [], [], [], []
-    collate, train_step = trainer.corpus.collate, trainer.train_step
+
+    class RecordingStep(UpdateStep):
+        def __call__(self, update):
+            losses.append(super().__call__(update))
+            return losses[-1]
+
+    trainer = Trainer(cfg, Path(run_dir), CPU, group=group, make_step=RecordingStep)
+    collate = trainer.corpus.collate
     clip = torch.nn.utils.clip_grad_norm_
 
     def recording_collate(indices):
@@ -63,17 +71,12 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
         allreduces.append(1)
         return default_hooks.allreduce_hook(state, bucket)
 
-    def recording_step(update):
-        losses.append(train_step(update))
-        return losses[-1]
-
     def recording_clip(parameters, *args, **kwargs):
         parameters = list(parameters)  # the model's, in the order of named_parameters
         grads.append([p.grad.clone() for p in parameters])
         return clip(parameters, *args, **kwargs)
 
     trainer.corpus.collate = recording_collate
-    trainer.train_step = recording_step
     torch.nn.utils.clip_grad_norm_ = recording_clip
     if group.active:
         trainer.net.register_comm_hook(None, counting_hook)
@@ -341,9 +344,9 @@ def slow_start_worker(rank, port, corpus, tmp_path, report) -> None:
     cfg = tiny_config({**corpus, "prepared_dir": str(Path(tmp_path, "prepared"))})
     try:
         trainer = Trainer(cfg, run, CPU, group=group)
-        updates = trainer.updates()
+        updates = trainer.data.updates(group, cfg.train.accumulate)
         for _ in range(2):
-            trainer.train_step(next(updates))
+            trainer.update_step(next(updates))
         outcome = "ok"
     except RuntimeError as e:
         outcome = f"{type(e).__name__}: {e}"
@@ -357,3 +360,37 @@ def test_start_up_may_take_longer_than_the_peer_timeout(corpus, tmp_path):
     mp.start_processes(slow_start_worker, args, nprocs=2, start_method="spawn")
     assert [Path(f"{report}.{rank}").read_text() for rank in range(2)] == ["ok", "ok"]
     assert (tmp_path / "slow").exists(), "rank 0 did not train a tokenizer: nothing was tested"
+
+
+def test_only_a_newer_checkpoint_on_another_rank_stops_the_start():
+    def held(*steps: int | None, hosts: str = "abc") -> list[Held]:
+        return [Held(step, host, f"/{host}/run/last.pt") for step, host in zip(steps, hosts)]
+
+    assert not resume_from_rank_0(held(None, None))  # nothing anywhere: a new run
+    assert resume_from_rank_0(held(4, None))  # rank 0 alone: as ever
+    assert resume_from_rank_0(held(4, 4, hosts="aa"))  # a shared disk
+    assert resume_from_rank_0(held(6, 4))  # older elsewhere: unused
+    for rank_0 in (None, 2):
+        with pytest.raises(CheckpointError, match=r"/b/run/last.pt: rank 1 \(on b\) holds it"):
+            resume_from_rank_0(held(rank_0, 4, 3))
+
+
+def test_a_checkpoint_on_a_machine_that_is_not_rank_0_is_not_ignored(corpus, tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    codes, stderr = train_on_two_machines(
+        [run, elsewhere], overrides(corpus, max_steps=4, eval_every=2)
+    )
+    assert codes == [0, 0], stderr
+    before = (run / "last.pt").read_bytes()
+    # The rendezvous made the other machine rank 0 this time.
+    codes, stderr = train_on_two_machines(
+        [elsewhere, run], overrides(corpus, max_steps=6, eval_every=2)
+    )
+    assert codes == [2, 2], stderr
+    for rank_stderr in stderr:
+        errors = [x for x in rank_stderr.splitlines() if x.startswith("mtrain: error:")]
+        assert len(errors) == 1 and "Traceback" not in rank_stderr, rank_stderr
+        assert f"{run / 'last.pt'}: rank 1 (on " in errors[0]
+        assert "holds it at step 4, rank 0 (on " in errors[0]
+    assert not (elsewhere / "last.pt").exists()
+    assert (run / "last.pt").read_bytes() == before

@@ -6,8 +6,14 @@ import torch
 from mtrain.config import TrainConfig
 from mtrain.coordinator import Coordinator
 from mtrain.distributed import Group
-from mtrain.optim import LinearSchedule, build_optimizer, loss_fn, lr_factor
+from mtrain.optim import LinearSchedule, Schedule, build_optimizer, loss_fn, lr_factor
 from mtrain.tokenizer import PAD_ID
+
+
+def linear(warmup: int, total: int | None) -> Schedule:
+    """A linear schedule of a small model's optimizer."""
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    return Schedule(optimizer, LinearSchedule(warmup, total))
 
 
 def test_lr_warms_up_then_decays():
@@ -59,16 +65,16 @@ def test_linear_schedule_decays_to_zero_at_the_last_update_and_resumes_its_plan(
     # Under a time budget the end is planned later; a resumed run keeps the plan.
     budgeted = TrainConfig(lr=1.0, warmup_steps=4, max_minutes=5, lr_schedule="linear")
     optimizer, schedule = build_optimizer(model, budgeted)
-    assert schedule.lr_lambdas[0].total is None
-    schedule.lr_lambdas[0].total = 10
+    assert schedule.total is None
+    schedule.end_at(2, 10)
     _, resumed = build_optimizer(model, budgeted)
     resumed.load_state_dict(schedule.state_dict())
-    assert resumed.lr_lambdas[0].total == 10
+    assert resumed.total == 10
 
 
 def test_the_budget_plan_ends_the_linear_decay_when_the_time_runs_out():
     cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, lr_schedule="linear")
-    schedule = LinearSchedule(cfg.warmup_steps, None)
+    schedule = linear(cfg.warmup_steps, None)
     coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
     coordinator.plan(step=3, minutes=1.5)  # still warming up: nothing planned
     assert schedule.total is None and coordinator.last_step == 1000
@@ -77,21 +83,25 @@ def test_the_budget_plan_ends_the_linear_decay_when_the_time_runs_out():
     assert schedule.total == 4 + 14 == coordinator.last_step
     coordinator.plan(step=5, minutes=2.1)  # not a validation step: the plan stands
     assert schedule.total == 18
-    assert schedule(4) == 1.0 and schedule(17) == pytest.approx(1 / 14) and schedule(18) == 0.0
+    assert (
+        schedule.factor(4) == 1.0
+        and schedule.factor(17) == pytest.approx(1 / 14)
+        and schedule.factor(18) == 0.0
+    )
 
 
 def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate():
     cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, eval_every=2)
-    schedule = LinearSchedule(cfg.warmup_steps, None)
+    schedule = linear(cfg.warmup_steps, None)
     coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
     coordinator.plan(step=4, minutes=2.0)  # 2 steps a minute, 8 minutes left
     assert schedule.total == 20
-    planned = [schedule(n) for n in range(20)]  # 1 at update 5, 1/16 at update 20
+    planned = [schedule.factor(n) for n in range(20)]  # 1 at update 5, 1/16 at update 20
     coordinator.plan(step=7, minutes=5.0)  # not a validation step
     assert schedule.total == 20
     coordinator.plan(step=8, minutes=6.0)  # 4 steps in the last 4 minutes, 4 left: 4 more
     assert schedule.total == 12 == coordinator.last_step
-    rates = [schedule(n) for n in range(8, 13)]  # updates 9 to 13: a straight line to 0
+    rates = [schedule.factor(n) for n in range(8, 13)]  # updates 9 to 13: a straight line to 0
     assert rates[0] == planned[8] == pytest.approx(12 / 16)  # no jump at the new plan
     assert rates[-1] == 0.0 and rates[-2] > 0
     steps = [a - b for a, b in itertools.pairwise(rates[:-1])]
@@ -100,15 +110,15 @@ def test_the_plan_follows_a_machine_that_slows_down_without_a_jump_in_the_rate()
     # A resumed run goes on along the same line.
     budgeted = TrainConfig(lr=1.0, warmup_steps=4, max_minutes=5, lr_schedule="linear")
     _, scheduler = build_optimizer(torch.nn.Linear(2, 2), budgeted)
-    scheduler.lr_lambdas[0].__dict__.update(schedule.__dict__)
+    scheduler.linear.__dict__.update(schedule.linear.__dict__)
     _, resumed = build_optimizer(torch.nn.Linear(2, 2), budgeted)
     resumed.load_state_dict(scheduler.state_dict())
-    assert [resumed.lr_lambdas[0](n) for n in range(8, 13)] == rates
+    assert [resumed.factor(n) for n in range(8, 13)] == rates
 
 
 def test_without_a_time_budget_the_linear_schedule_ends_at_max_steps():
     cfg = TrainConfig(warmup_steps=4, max_steps=50, max_minutes=0, eval_every=2)
-    schedule = LinearSchedule(cfg.warmup_steps, cfg.max_steps)
+    schedule = linear(cfg.warmup_steps, cfg.max_steps)
     coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
     for step in range(1, 50):  # validation steps included: nothing to plan, nothing to raise
         coordinator.plan(step, minutes=step / 10)
@@ -117,7 +127,7 @@ def test_without_a_time_budget_the_linear_schedule_ends_at_max_steps():
 
 def test_a_plan_needs_updates_to_time_so_a_skipped_update_keeps_the_plan():
     cfg = TrainConfig(warmup_steps=4, max_steps=1000, max_minutes=10, eval_every=2)
-    schedule = LinearSchedule(cfg.warmup_steps, None)
+    schedule = linear(cfg.warmup_steps, None)
     coordinator = Coordinator(cfg, Group(), step=0, minutes=0.0, schedule=schedule)
     coordinator.plan(step=4, minutes=2.0)
     assert schedule.total == 20
@@ -129,26 +139,28 @@ def test_a_plan_needs_updates_to_time_so_a_skipped_update_keeps_the_plan():
 
 def test_a_resumed_run_without_a_budget_decays_to_its_new_max_steps():
     cfg = TrainConfig(warmup_steps=4, max_steps=10, max_minutes=0, lr_schedule="linear")
-    schedule = LinearSchedule(cfg.warmup_steps, cfg.max_steps)
-    reached = schedule(6)  # the factor of update 7, where the run was interrupted
+    schedule = linear(cfg.warmup_steps, cfg.max_steps)
+    reached = schedule.factor(6)  # the factor of update 7, where the run was interrupted
     raised = TrainConfig(warmup_steps=4, max_steps=20, max_minutes=0, lr_schedule="linear")
     coordinator = Coordinator(raised, Group(), step=6, minutes=1.0, schedule=schedule)
     assert schedule.total == 20 == coordinator.last_step
-    rates = [schedule(n) for n in range(6, 21)]
+    rates = [schedule.factor(n) for n in range(6, 21)]
     assert rates[0] == reached and rates[-2] > 0 and rates[-1] == 0.0
     steps = [a - b for a, b in itertools.pairwise(rates[:-1])]
     assert steps == pytest.approx([steps[0]] * len(steps))
     # The same limit again changes nothing: a resume equals the uninterrupted run.
-    before = dict(schedule.__dict__)
+    before = dict(schedule.linear.__dict__)
     Coordinator(raised, Group(), step=8, minutes=1.0, schedule=schedule)
-    assert schedule.__dict__ == before
+    assert schedule.linear.__dict__ == before
 
 
 def test_a_run_resumed_without_its_time_budget_before_its_first_plan_decays_to_max_steps():
     budgeted = TrainConfig(warmup_steps=4, max_steps=20, max_minutes=5, lr_schedule="linear")
     unbudgeted = TrainConfig(warmup_steps=4, max_steps=20, max_minutes=0, lr_schedule="linear")
     for step in (2, 6):  # during warmup, and after it but before a plan
-        schedule = LinearSchedule(budgeted.warmup_steps, None)
+        schedule = linear(budgeted.warmup_steps, None)
         Coordinator(unbudgeted, Group(), step=step, minutes=1.0, schedule=schedule)
         assert schedule.total == 20
-        assert schedule(20) == 0.0 and 0 < schedule(19) < schedule(step)  # update 20 is the last
+        assert schedule.factor(20) == 0.0 and 0 < schedule.factor(19) < schedule.factor(
+            step
+        )  # update 20 is the last

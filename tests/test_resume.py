@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import config, jsonl, train
+from mtrain import config, jsonl, train, update_step
 from mtrain.commands.train import check_resumable
 from mtrain.run_dir import (
     TRAIN_LOG,
@@ -25,6 +26,7 @@ from mtrain.run_dir import (
     write_config,
 )
 from mtrain.train import Validation
+from mtrain.validation import Validator
 
 from .synthetic import REPO, overrides, small_config
 
@@ -91,13 +93,13 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     trainer = train.Trainer(
         small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu")
     )
-    real_loss = train.loss_fn
+    real_loss = update_step.loss_fn
 
     def poisoned(logits, tgt_out, smoothing, reduction="mean"):
         loss = real_loss(logits, tgt_out, smoothing, reduction)
         return loss * float("nan") if trainer.step == 7 else loss
 
-    monkeypatch.setattr(train, "loss_fn", poisoned)
+    monkeypatch.setattr(update_step, "loss_fn", poisoned)
     with pytest.raises(train.NonFiniteLoss, match="step 8: the loss is nan"):
         trainer.run()
     saved = load_checkpoint(tmp_path / "last.pt")
@@ -177,7 +179,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, monkeypatch):
     cfg = small_config(corpus, max_steps=10, eval_every=10, skip_nonfinite="true")
     trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
-    real_loss = train.loss_fn
+    real_loss = update_step.loss_fn
     calls = []
 
     def poisoned(logits, tgt_out, smoothing, reduction="mean"):
@@ -185,7 +187,7 @@ def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, mon
         loss = real_loss(logits, tgt_out, smoothing, reduction)
         return loss * float("inf") if len(calls) == 4 else loss
 
-    monkeypatch.setattr(train, "loss_fn", poisoned)
+    monkeypatch.setattr(update_step, "loss_fn", poisoned)
     trainer.run()
     saved = load_checkpoint(tmp_path / "last.pt")
     assert saved["step"] == 10 and saved["skipped"] == 1
@@ -298,9 +300,17 @@ def test_a_linear_schedule_that_reached_zero_cannot_be_raised(corpus, tmp_path):
     assert {name: (run / name).read_bytes() for name in before} == before
 
 
-@pytest.mark.parametrize("schedule", ["inverse_sqrt", "linear"])
+class Flat(Validator):
+    """Dev BLEU 5.0 at every validation: the first is the best, no later one is better."""
+
+    def __call__(self, step: int) -> Validation:
+        return Validation(step, self.minutes(), 1.0, 5.0, 5.0)
+
+
+# Under a linear schedule patience does not end a run (test_train.py).
+@pytest.mark.parametrize("schedule", ["inverse_sqrt"])
 def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
-    corpus, tmp_path, monkeypatch, caplog, schedule
+    corpus, tmp_path, caplog, schedule
 ):
     def trainer(**keys) -> train.Trainer:
         keys = {"max_steps": 100, "eval_every": 5, "warmup_steps": 2, **keys}
@@ -310,10 +320,7 @@ def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
             check_resumable(tmp_path, cfg)  # the CLI lets a resumed run change its patience
         else:
             write_config(tmp_path, cfg)
-        t = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=resume)
-        # Dev BLEU 5.0 at every validation: the first is the best, no later one is better.
-        monkeypatch.setattr(t, "validate", lambda: Validation(t.step, t.minutes(), 1.0, 5.0, 5.0))
-        return t
+        return train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=resume, make_validator=Flat)
 
     first = trainer(patience=2)
     first.run()
@@ -350,16 +357,16 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
     # The last validation (step 10 of 10) fails: last.pt keeps step 10, and the same command
     # again validates it and finishes the run, as an uninterrupted run would have.
     cfg = small_config(corpus, max_steps=10, eval_every=5)
-    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
-    real_validate, calls = trainer.validate, []
+    calls = []
 
-    def validate():
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("out of memory while decoding the dev set")
-        return real_validate()
+    class FailingSecond(Validator):
+        def __call__(self, step: int) -> Validation:
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("out of memory while decoding the dev set")
+            return super().__call__(step)
 
-    trainer.validate = validate
+    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"), make_validator=FailingSecond)
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.run()
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 10
@@ -384,3 +391,36 @@ def test_a_run_resumed_in_another_dtype_says_so(corpus, tmp_path, monkeypatch, c
     monkeypatch.setattr(train.runtime, "mixed_precision", lambda device, precision: torch.bfloat16)
     train.Trainer(cfg, tmp_path, cpu, resume=True)
     assert "was trained in float32; the run goes on in bfloat16" in caplog.text
+
+
+def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=6, eval_every=3)
+    write_config(tmp_path, cfg)
+    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    state = load_checkpoint(tmp_path / "last.pt")
+    # As written before torchrun, dtypes, validation marks and limits were recorded.
+    (rng,) = state.pop("rng")
+    old = {k: v for k, v in state.items() if k not in ("format", "dtype", "validated")}
+    old |= {"python_rng_state": rng["python"], "torch_rng_state": rng["torch"]}
+    old |= {"cuda_rng_states": rng["cuda"]}
+    old["finished"] = {"reason": "train.max_steps is 6", "max_steps": 6, "max_minutes": math.inf}
+    save_checkpoint(tmp_path / "last.pt", old)
+
+    again = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+    assert again.step == 6 and again.finished.limit == "max_steps"
+    assert again.run() == state["best_bleu"]  # finished: nothing to do
+    more = small_config(corpus, max_steps=9, eval_every=3)
+    resumed = train.Trainer(more, tmp_path, torch.device("cpu"), resume=True)
+    assert torch.equal(torch.get_rng_state(), rng["torch"])
+    resumed.run()
+    upgraded = load_checkpoint(tmp_path / "last.pt")
+    assert upgraded["step"] == 9 and upgraded["format"] == 2 and "torch_rng_state" not in upgraded
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused(corpus, tmp_path):
+    cfg = small_config(corpus, max_steps=3, eval_every=3)
+    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    state = load_checkpoint(tmp_path / "last.pt")
+    save_checkpoint(tmp_path / "last.pt", {**state, "format": 99})
+    with pytest.raises(CheckpointError, match="its format 99 is newer than this mtrain's"):
+        train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)

@@ -1,3 +1,4 @@
+import itertools
 import json
 import signal
 
@@ -5,15 +6,28 @@ import numpy as np
 import pytest
 import torch
 
-from mtrain import config, jsonl, train
+from mtrain import config, jsonl, update_step
+from mtrain.commands.info import echo_training
 from mtrain.data import Batch
-from mtrain.run_dir import AVERAGED, load_checkpoint, step_checkpoints
+from mtrain.run_dir import AVERAGED, load_checkpoint, step_checkpoints, training_summary
 from mtrain.tokenizer import PAD_ID
 from mtrain.train import Interrupted, Trainer, Update, Validation
+from mtrain.validation import Validator
 
 from .synthetic import REPO, overrides, small_config
 
 CPU = torch.device("cpu")
+
+
+def scripted(bleus) -> type[Validator]:
+    """A validator for `Trainer(make_validator=...)` whose dev BLEUs are `bleus`, in turn."""
+    bleus = iter(bleus)
+
+    class Scripted(Validator):
+        def __call__(self, step: int) -> Validation:
+            return Validation(step, self.minutes(), 1.0, next(bleus), 1.0)
+
+    return Scripted
 
 
 def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path):
@@ -26,11 +40,11 @@ def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path
         return Trainer(cfg, tmp_path / name, CPU)
 
     accumulating, whole = trainer("accumulate", 3), trainer("whole", 1)
-    update = next(accumulating.updates())
+    update = next(accumulating.data.updates(accumulating.group, 3))
     assert len(update.batches) == 3
     indices = np.array(_indices(accumulating, update.batches))
-    loss_parts = accumulating.train_step(update)
-    loss_whole = whole.train_step(Update.of([whole.corpus.collate(indices)]))
+    loss_parts = accumulating.update_step(update)
+    loss_whole = whole.update_step(Update.of([whole.corpus.collate(indices)]))
     assert loss_parts == pytest.approx(loss_whole, rel=1e-5)
     for (name, a), b in zip(accumulating.model.named_parameters(), whole.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
@@ -50,27 +64,21 @@ def _indices(trainer: Trainer, batches: list[Batch]) -> list[int]:
     return [position[pair] for batch in batches for pair in pairs(batch)]
 
 
-def test_early_stopping_after_patience_validations_without_progress(corpus, tmp_path, monkeypatch):
+def test_early_stopping_after_patience_validations_without_progress(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=100, eval_every=5, patience=2)
-    trainer = Trainer(cfg, tmp_path, CPU)
     # Dev BLEU 5.0 at every validation: the first is the best, the next two are not better.
-    monkeypatch.setattr(
-        trainer, "validate", lambda: Validation(trainer.step, trainer.minutes(), 1.0, 5.0, 5.0)
-    )
+    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
     trainer.run()
     assert trainer.step == 15
 
 
 @pytest.mark.parametrize("average_bleu, average_is_best", [(4.0, True), (0.5, False)])
 def test_training_ends_by_averaging_the_last_checkpoints(
-    corpus, tmp_path, monkeypatch, average_bleu, average_is_best
+    corpus, tmp_path, average_bleu, average_is_best
 ):
     cfg = small_config(corpus, max_steps=15, eval_every=5, keep_last=3, average_last=3)
-    trainer = Trainer(cfg, tmp_path, CPU)
-    scores = iter([1.0, 2.0, 3.0, average_bleu])  # steps 5, 10, 15, then the average
-    monkeypatch.setattr(
-        trainer, "validate", lambda: Validation(trainer.step, 0.0, 1.0, next(scores), 1.0)
-    )
+    scores = [1.0, 2.0, 3.0, average_bleu]  # steps 5, 10, 15, then the average
+    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(scores))
     trainer.run()
 
     averaged = load_checkpoint(tmp_path / AVERAGED)
@@ -99,8 +107,9 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
     cfg = small_config(
         corpus, max_steps=100, eval_every=eval_every, max_minutes=60, skip_nonfinite="true"
     )
-    trainer = Trainer(cfg, tmp_path, CPU)
-    real_loss = train.loss_fn
+    seconds = [0.0]  # the run's clock
+    trainer = Trainer(cfg, tmp_path, CPU, clock=lambda: seconds[0])
+    real_loss = update_step.loss_fn
 
     def poisoned(logits, tgt_out, smoothing, reduction="mean"):
         loss = real_loss(logits, tgt_out, smoothing, reduction)
@@ -110,10 +119,10 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
         if trainer.skipped == 4 and stop == "signal":
             signal.raise_signal(signal.SIGINT)
         if trainer.skipped == 4 and stop == "budget":
-            monkeypatch.setattr(trainer, "minutes", lambda: 61.0)
+            seconds[0] = 61.0 * 60
         return loss * float("nan")
 
-    monkeypatch.setattr(train, "loss_fn", poisoned)
+    monkeypatch.setattr(update_step, "loss_fn", poisoned)
     if stop == "signal":
         with pytest.raises(Interrupted, match="interrupted at step 3"):
             trainer.run()
@@ -125,3 +134,35 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
     # The budget ended the run after a validation of this very step: none again.
     records = jsonl.read(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == ([3] if stop == "budget" else [])
+
+
+def test_patience_does_not_end_a_linear_schedule_before_its_planned_end(
+    corpus, tmp_path, caplog, capsys
+):
+    # Dev BLEU never improves after the first validation: patience 1 would stop at step 10.
+    keys = {"max_steps": 20, "eval_every": 5, "warmup_steps": 2, "patience": 1}
+    cfg = small_config(corpus, lr_schedule="linear", **keys)
+    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
+    with caplog.at_level("INFO"):
+        trainer.run()
+    assert trainer.step == 20
+    assert caplog.text.count("train.patience is not used under train.lr_schedule: linear") == 1
+    assert "finished at step 20: train.max_steps is 20; learning rate 0.00e+00 (0% of its" in (
+        caplog.text
+    )
+    finished = load_checkpoint(tmp_path / "last.pt")["finished"]
+    assert finished["limit"] == "max_steps" and finished["lr"] == 0.0
+    # `mtrain info` shows it.
+    echo_training(training_summary(tmp_path), cfg.train.lr)
+    assert "finished: train.max_steps is 20; learning rate then 0.00e+00 (0% of its peak)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_patience_still_ends_an_inverse_sqrt_schedule(corpus, tmp_path):
+    keys = {"max_steps": 20, "eval_every": 5, "warmup_steps": 2, "patience": 1}
+    cfg = small_config(corpus, lr_schedule="inverse_sqrt", **keys)
+    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
+    trainer.run()
+    assert trainer.step == 10
+    assert load_checkpoint(tmp_path / "last.pt")["finished"]["limit"] == "patience"

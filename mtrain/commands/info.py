@@ -111,15 +111,16 @@ def echo_text(
     echo(f"  target vocabulary ({cfg.data.tgt_lang}): {tokenizers['tgt_vocab']:,} pieces")
     if summary is not None:
         echo("")
-        echo_training(summary)
+        echo_training(summary, cfg.train.lr)
     echo("")
     echo("config:")
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
     echo(textwrap.indent(text, "  ").rstrip())
 
 
-def echo_training(summary: dict[str, Any]) -> None:
-    """A run's training: steps, minutes, validations, best dev BLEU and checkpoint sizes."""
+def echo_training(summary: dict[str, Any], peak_lr: float) -> None:
+    """A run's training: steps, minutes, validations, best dev BLEU, why it ended (its
+    learning rate then, against `peak_lr`) and checkpoint sizes."""
     echo = typer.echo
     echo(
         f"training: {summary['steps']:,} steps in {summary['minutes']:.1f} minutes, "
@@ -128,5 +129,11 @@ def echo_training(summary: dict[str, Any]) -> None:
     if summary["best_dev_bleu"] is not None:
         of = " (the averaged checkpoints)" if summary["best_is_average"] else ""
         echo(f"  best dev BLEU (greedy): {summary['best_dev_bleu']:.2f}{of}")
+    if summary["finished"] is not None:
+        finished, lr = summary["finished"], summary["finished"]["lr"]
+        then = (
+            "" if lr is None else f"; learning rate then {lr:.2e} ({lr / peak_lr:.0%} of its peak)"
+        )
+        echo(f"  finished: {finished['reason']}{then}")
     for name, size in summary["checkpoints"].items():
         echo(f"  {name:<18}{size / 2**20:8.1f} MiB")
