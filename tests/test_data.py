@@ -386,7 +386,7 @@ def test_dev_sources_truncated_are_warned_of_once_with_their_number(corpus, tmp_
     cfg = small_config({**corpus, "dev": str(dev), "prepared_dir": str(tmp_path / "prepared")})
     with caplog.at_level("WARNING"):
         trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
-        trainer.validate()
-        trainer.validate()
+        trainer.validator(trainer.step)
+        trainer.validator(trainer.step)
     warned = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
     assert warned == [f"{dev}: 2 source sentence(s) truncated to 32 tokens at every validation"]
