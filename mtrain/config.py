@@ -91,7 +91,7 @@ class TrainConfig:
     max_minutes: float = 29.0  # wall-clock budget, the whole run included; 0 means none
     eval_every: int = 250  # steps between validations
     keep_last: int = 5  # step-N.pt checkpoints kept, besides last.pt and best.pt
-    patience: int = 5  # stop after this many validations without a better dev BLEU; 0: never
+    patience: int = 0  # stop after this many validations without a better dev BLEU; 0: never
     average_last: int = 5  # at the end, average the last N step checkpoints into averaged.pt
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
     # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32

@@ -42,6 +42,9 @@ def tiny_config(corpus, **train_keys) -> config.Config:
     return config.load(REPO / "configs" / "tiny.yaml", settings)
 
 
+SEED = 2  # of the runs whose gradients are compared (train_worker says why)
+
+
 def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) -> None:
     """Train 10 updates as rank `rank`; write what it trained on, its all-reduce count, and
     each update's loss and gradients (before clipping and the optimizer step)."""
@@ -50,8 +53,13 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
     group = Group(rank, world_size, rank)
     distributed.start(group, CPU, timeout_minutes=2)
     # fp32: bf16 autocast would round the weights' last-bit differences (from gradients summed
-    # in another order) up to differences past the tolerances below within a few updates
-    cfg = tiny_config(corpus, max_steps=10, eval_every=10, accumulate=accumulate, precision="fp32")
+    # in another order) up to differences past the tolerances below within a few updates.
+    # SEED 2: with seed 1 and the shape grid's batches, Adam turns the keys' bias rounding noise
+    # (see below) into weights that tip one feed-forward ReLU at update 3, a 1% gradient change
+    # that is no fault of the splitting; the comparison needs a seed where none sits that close.
+    cfg = tiny_config(
+        corpus, max_steps=10, eval_every=10, accumulate=accumulate, precision="fp32", seed=SEED
+    )
     consumed, allreduces, losses, grads = [], [], [], []
 
     class RecordingStep(UpdateStep):
@@ -131,7 +139,7 @@ def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(co
     assert [r["allreduces"] for r in reports] == [10, 10]
 
     # The ranks took turns through one stream of batches: each batch once, none skipped.
-    cfg = tiny_config(corpus)
+    cfg = tiny_config(corpus, seed=SEED)
     corpus = Trainer(cfg, tmp_path / "one", CPU, resume=True).corpus
     stream = BatchStream(corpus.src_len, corpus.tgt_len, cfg.train.batch_tokens, cfg.train.seed)
     assert len(stream.epoch_order(0)) % 6, "the test needs an epoch that 6 batches do not divide"

@@ -285,7 +285,7 @@ def test_readme_python_examples_run(ct2, trained_run, tmp_path):
     exported = (out / "README.md").read_text(encoding="utf-8")
     for difference in ("`min_decoding_length` is 1", "past the 32 positions", "with one gap"):
         assert difference in exported
-    ours = (REPO / "README.md").read_text(encoding="utf-8").split("## Use your model elsewhere")[1]
+    ours = (REPO / "docs" / "export.md").read_text(encoding="utf-8")
     for text in ((out / "README.md").read_text(encoding="utf-8"), ours):
         code = text.split("```python\n")[1].split("```")[0].replace("zh-en", str(out))
         assert len([line for line in code.splitlines() if line]) == 5
