@@ -1,12 +1,15 @@
-"""Shared fixtures: a small generated corpus and a tokenizer trained on it."""
+"""Shared fixtures: a small generated corpus, a tokenizer trained on it, and a tiny trained run."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from mtrain.config import TokenizerConfig
 from mtrain.tokenizer import Tokenizer
 
+from .console import mtrain
 from .synthetic import number_pairs
 
 
@@ -28,3 +31,27 @@ def corpus(tmp_path_factory) -> dict[str, str]:
         paths[name] = str(path)
     paths["prepared_dir"] = str(root / "prepared")  # shared by the tests: prepared once
     return paths
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory) -> Path:
+    """The tiny config trained for 120 steps through the console script, once for every module."""
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    result = mtrain(
+        "train",
+        "--config",
+        "configs/tiny.yaml",
+        "--out",
+        str(out),
+        "--set",
+        "train.max_steps=120",
+        "--set",
+        "train.eval_every=60",
+        "--set",
+        "train.keep_last=2",
+        "--set",
+        "train.max_minutes=0",  # the steps, not this machine's speed, decide what is trained
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(out)  # stdout holds the result only
+    return out

@@ -15,43 +15,8 @@ from mtrain.commands.translate import first_bad_line
 from mtrain.corpus import DataError
 from mtrain.data import decode_lines
 
+from .console import REPO, mtrain
 from .synthetic import overrides
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def mtrain(*args, input=None, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "tiny"
-    result = mtrain(
-        "train",
-        "--config",
-        "configs/tiny.yaml",
-        "--out",
-        str(out),
-        "--set",
-        "train.max_steps=120",
-        "--set",
-        "train.eval_every=60",
-        "--set",
-        "train.keep_last=2",
-        "--set",
-        "train.max_minutes=0",  # the steps, not this machine's speed, decide what is trained
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(out)  # stdout holds the result only
-    return out
 
 
 def test_run_directory_contents(run_dir):

@@ -28,7 +28,7 @@ from mtrain.serve.api import ApiError, Limits, SearchOptions
 from mtrain.serve.app import endpoint
 from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo
 
-from .test_cli import REPO, mtrain, run_dir  # noqa: F401  run_dir: the trained tiny run
+from .console import REPO, mtrain
 
 GREEDY = SearchOptions(beam=1, alpha=0.6)
 BEAM = SearchOptions(beam=4, alpha=0.6, nbest=2)
@@ -273,7 +273,7 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def server(run_dir):  # noqa: F811
+def server(run_dir):
     served = Served(run_dir)
     yield served
     status, stderr = served.stop()
@@ -298,7 +298,7 @@ def command_nbest(run: Path, sentences: list[str], *args: str) -> list[list[tupl
     return out
 
 
-def test_translations_equal_the_command_greedy_and_beam(server, run_dir):  # noqa: F811
+def test_translations_equal_the_command_greedy_and_beam(server, run_dir):
     sentences = split_sentences()
     greedy = mtrain("translate", "--run", str(run_dir), input="\n".join(sentences) + "\n")
     status, answer = server.post("/translate", {"text": sentences})
@@ -419,7 +419,7 @@ def test_the_page_and_its_assets_are_served_with_no_network(server):
         conn.close()
 
 
-def test_sigterm_with_requests_in_flight_finishes_them_and_exits_cleanly(run_dir):  # noqa: F811
+def test_sigterm_with_requests_in_flight_finishes_them_and_exits_cleanly(run_dir):
     served = Served(run_dir, "--no-batching")
     body = {"text": split_sentences()[:24] * 4, "beam": 4}
     with ThreadPoolExecutor(4) as pool:
@@ -434,7 +434,7 @@ def test_sigterm_with_requests_in_flight_finishes_them_and_exits_cleanly(run_dir
         assert code == 200 and len(answer["translations"]) == 96
 
 
-def test_ctrl_c_stops_an_idle_server_and_a_taken_port_is_one_line(run_dir):  # noqa: F811
+def test_ctrl_c_stops_an_idle_server_and_a_taken_port_is_one_line(run_dir):
     served = Served(run_dir)
     result = mtrain("serve", "--run", str(run_dir), "--port", str(served.port))
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -494,7 +494,7 @@ def html_text(s: str) -> str:
     return html.unescape(s)
 
 
-def test_the_ctranslate2_engine_translates_as_the_command_and_cannot_explain(run_dir, tmp_path):  # noqa: F811
+def test_the_ctranslate2_engine_translates_as_the_command_and_cannot_explain(run_dir, tmp_path):
     pytest.importorskip("ctranslate2")
     out = tmp_path / "ct2"
     result = mtrain("export", str(run_dir), "--out", str(out))
