@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import sys
 from contextlib import AbstractContextManager, nullcontext
@@ -70,22 +71,43 @@ def configure(device: torch.device) -> None:
         _keep_freed_memory()
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc on Linux; None elsewhere (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def _keep_freed_memory() -> None:
     """Stop glibc from returning large freed blocks to the kernel.
 
     By default every tensor over a few MB is a fresh mmap, so each training step faults in and
     zeroes its activations again: measured at 110k page faults/s and half the CPU time in the
-    kernel. Serving all sizes from the heap, and never trimming it, removes that.
+    kernel. Serving all sizes from the heap, and never trimming it, removes that;
+    `release_freed_memory` gives the heap's free pages back now and then.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
+    if (libc := _glibc()) is None:
         return
     m_trim_threshold, m_mmap_max = -1, -4
     libc.mallopt(m_mmap_max, 0)
     libc.mallopt(m_trim_threshold, 1 << 30)
+
+
+def release_freed_memory() -> None:
+    """Give the kernel back the pages of every free block in the heap (glibc's malloc_trim).
+
+    A heap that is never trimmed fragments when a run allocates many sizes (validation's
+    decoding meets a new batch shape at every step, bf16 adds weight copies and kernel
+    buffers): its free but resident pages grew a bf16 default run from 1.9 to 2.7 GB in its
+    first 14 minutes. After a validation this costs only re-touching the pages training uses.
+    """
+    if (libc := _glibc()) is not None:
+        libc.malloc_trim(0)
 
 
 def mixed_precision(device: torch.device, precision: str) -> torch.dtype | None:

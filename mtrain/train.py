@@ -253,6 +253,7 @@ class Trainer:
         self.checkpoints.save_validated(self.state_dict(rng, validated=True), improved)
         logs.validation("validation", val, improved, skipped=self.skipped)
         coordinator.validated(self.step, self.minutes() - began)
+        runtime.release_freed_memory()  # what decoding and saving freed: the heap stays flat
         logs.restart_window()
 
     def validate_average(self, logs: RunLog) -> None:

@@ -1,0 +1,107 @@
+"""Is one recipe better than another on the dev split, or is the difference noise?
+
+    python scripts/compare_dev.py --system default=runs/A --system greedy=runs/A:beam=1 \
+        --system dropout0.3=runs/B [--samples 1000] [--split dev|test]
+
+Each --system is NAME=RUN, optionally followed by `:beam=N`, `:alpha=A` or `:checkpoint=FILE`
+(best.pt unless told); the first is the baseline. Every system translates the split named in the
+baseline run's config (`data.dev` unless --split test), each source once with all of its
+references, and sacrebleu's paired bootstrap resampling (what `sacrebleu --paired-bs` runs)
+compares each system with the baseline. Prints a Markdown table on stdout: BLEU, the bootstrap
+mean with its 95% confidence interval, and the p-value (a small p-value says the difference
+from the baseline is unlikely to be resampling noise); progress on stderr.
+
+Compare training recipes at an equal number of updates, and once per seed: the decision is the
+mean over seeds, with each seed's p-value beside it (docs/recipes.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+from mtrain import config
+from mtrain.commands.common import Quantize, load_translator
+from mtrain.corpus import corpora, read_pairs
+from mtrain.data import group_references
+from mtrain.evaluate import BLEU_TOKENIZERS, reference_streams
+from mtrain.run_dir import BEST, CONFIG_FILE
+
+OPTIONS = {"beam": int, "alpha": float, "checkpoint": str}
+
+
+def parse_system(text: str) -> tuple[str, Path, dict]:
+    """NAME=RUN[:beam=N][:alpha=A][:checkpoint=FILE] -> (name, run, options)."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=RUN[:key=value...]")
+    run, *pairs = rest.split(":")
+    options = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in OPTIONS:
+            raise argparse.ArgumentTypeError(f"{text!r}: {key!r} is not one of {list(OPTIONS)}")
+        try:
+            options[key] = OPTIONS[key](value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {key}={value!r} is not a number") from None
+    return name, Path(run), options
+
+
+def translate(run: Path, sources: list[str], options: dict) -> list[str]:
+    """Best translations of `sources` by the run's model with these decoding options."""
+    _, _, translator = load_translator(
+        run,
+        "cpu",
+        options.get("beam"),
+        options.get("alpha"),
+        Quantize.none,
+        options.get("checkpoint", BEST),
+    )
+    return [t[0].text for t in translator.stream(sources)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", type=parse_system, action="append", required=True)
+    parser.add_argument("--split", choices=["dev", "test"], default="dev")
+    parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    args = parser.parse_args()
+    if len(args.system) < 2:
+        parser.error("name at least two systems: the baseline, then the others")
+
+    data = config.load(args.system[0][1] / CONFIG_FILE).data
+    (corpus,) = corpora(getattr(data, args.split), data.swap_columns)
+    sources, references = group_references(
+        read_pairs(corpus, data.src_lang, data.tgt_lang, scored=True)
+    )
+    print(f"{corpus.path}: {len(sources)} sources", file=sys.stderr)
+    named = []
+    for name, run, options in args.system:
+        print(f"translating with {name} ({run}, {options or 'its own options'})", file=sys.stderr)
+        named.append((name, translate(run, sources, options)))
+
+    bleu = BLEU(tokenize=BLEU_TOKENIZERS.get(data.tgt_lang, "13a"))
+    test = PairedTest(
+        named, {"BLEU": bleu}, reference_streams(references), test_type="bs", n_samples=args.samples
+    )
+    signatures, scores = test()
+    print(f"{corpus.path}, {len(sources)} sources; {args.samples} resamples; {signatures['BLEU']}")
+    print()
+    print("| system | BLEU | bootstrap mean ± 95% CI | difference | p-value |")
+    print("|---|---|---|---|---|")
+    base = scores["BLEU"][0].score
+    for name, result in zip(scores["System"], scores["BLEU"]):
+        p = "(baseline)" if result.p_value is None else f"{result.p_value:.4f}"
+        print(
+            f"| {name} | {result.score:.2f} | {result.mean:.2f} ± {result.ci:.2f} "
+            f"| {result.score - base:+.2f} | {p} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
