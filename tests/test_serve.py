@@ -488,6 +488,45 @@ def test_the_page_translates_and_shows_steps_and_a_heatmap_in_a_browser(server, 
     assert 'class="bad"' not in dom
 
 
+def dump_dom(url: str, profile: Path) -> subprocess.CompletedProcess:
+    """The page at `url` after its scripts ran, in headless Chromium."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+    return subprocess.run(
+        [
+            chromium(),
+            *flags,
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=60000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get install chromium")
+def test_the_page_translates_with_a_beam_size_outside_its_list(run_dir, tmp_path):
+    # The default recipe decodes with beam 6, which the page's list of 1, 2, 4, 5, 8 lacked: it
+    # sent no beam at all and showed "'beam' must be an integer, not null".
+    run = tmp_path / "beam6"
+    shutil.copytree(run_dir, run)
+    config = run / "config.yaml"
+    text = config.read_text("utf-8")
+    assert "beam_size: 1\n" in text
+    config.write_text(text.replace("beam_size: 1\n", "beam_size: 6\n"), "utf-8")
+    served = Served(run)
+    try:
+        dom = dump_dom(f"{served.url}#text=我是谁", tmp_path / "profile").stdout
+        _, answer = served.post("/translate", {"text": "我是谁"})
+    finally:
+        served.stop()
+    assert '<option value="6">6</option>' in dom and 'class="bad"' not in dom
+    out = re.search(r'<span class="out">([^<]*)</span>', dom)
+    assert out and html_text(out[1]) == answer["translations"][0]["text"]
+
+
 def html_text(s: str) -> str:
     import html
 

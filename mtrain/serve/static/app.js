@@ -279,7 +279,9 @@ function setup(model) {
     `${model.parameters.toLocaleString("en")} parameters, ${model.model.n_encoder_layers} + ` +
     `${model.model.n_decoder_layers} layers of ${model.model.n_heads} heads; ` +
     `${model.run} (${model.checkpoint}, ${model.engine})`;
-  $("beam").replaceChildren(...[1, 2, 4, 5, 8].map((b) =>
+  // The run's own beam size is always a choice (the default recipe's is 6).
+  const beams = [...new Set([1, 2, 4, 5, 8, model.decode.beam])].sort((a, b) => a - b);
+  $("beam").replaceChildren(...beams.map((b) =>
     el("option", { value: b }, b === 1 ? "1 (greedy)" : `${b}`)));
   $("beam").value = model.decode.beam;
   $("alpha").value = model.decode.alpha;
