@@ -449,45 +449,6 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get install chromium")
-def test_the_page_translates_and_shows_steps_and_a_heatmap_in_a_browser(server, tmp_path):
-    text = "我是谁"
-    hash_ = urllib.parse.urlencode(
-        {"text": text, "explain": text, "step": 2, "kind": "cross", "layer": 1, "head": 2}
-    )
-    result = subprocess.run(
-        [
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path}",
-            "--virtual-time-budget=60000",
-            "--dump-dom",
-            f"{server.url}#{hash_}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    dom = result.stdout
-    assert 'data-ready="yes"' in dom, result.stderr[-2000:]
-    _, answer = server.post("/explain", {"text": text})
-    translation = answer["translations"][0]["text"]
-    out = re.search(r'<span class="out">([^<]*)</span>', dom)
-    assert out and html_text(out[1]) == translation
-    assert f"step 2 of {len(answer['steps'])}" in dom
-    chosen = re.search(r'<tr class="chosen"><td class="piece-cell" lang="zh">([^<]*)<', dom)
-    assert chosen and html_text(chosen[1]) == answer["steps"][1]["chosen"]["piece"]
-    att = answer["attention"]
-    assert dom.count('class="cell"') == len(att["output"]) * len(att["source"])
-    cols = re.findall(r'class="col-label"[^>]*>([^<]*)<', dom)
-    assert [html_text(c) for c in cols] == att["source"]
-    assert "Cross-attention, layer 1, head 2." in dom
-    assert 'class="bad"' not in dom
-
-
 def dump_dom(url: str, profile: Path) -> subprocess.CompletedProcess:
     """The page at `url` after its scripts ran, in headless Chromium."""
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
@@ -504,6 +465,30 @@ def dump_dom(url: str, profile: Path) -> subprocess.CompletedProcess:
         text=True,
         timeout=180,
     )
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get install chromium")
+def test_the_page_translates_and_shows_steps_and_a_heatmap_in_a_browser(server, tmp_path):
+    text = "我是谁"
+    hash_ = urllib.parse.urlencode(
+        {"text": text, "explain": text, "step": 2, "kind": "cross", "layer": 1, "head": 2}
+    )
+    result = dump_dom(f"{server.url}#{hash_}", tmp_path)
+    dom = result.stdout
+    assert 'data-ready="yes"' in dom, result.stderr[-2000:]
+    _, answer = server.post("/explain", {"text": text})
+    translation = answer["translations"][0]["text"]
+    out = re.search(r'<span class="out">([^<]*)</span>', dom)
+    assert out and html_text(out[1]) == translation
+    assert f"step 2 of {len(answer['steps'])}" in dom
+    chosen = re.search(r'<tr class="chosen"><td class="piece-cell" lang="zh">([^<]*)<', dom)
+    assert chosen and html_text(chosen[1]) == answer["steps"][1]["chosen"]["piece"]
+    att = answer["attention"]
+    assert dom.count('class="cell"') == len(att["output"]) * len(att["source"])
+    cols = re.findall(r'class="col-label"[^>]*>([^<]*)<', dom)
+    assert [html_text(c) for c in cols] == att["source"]
+    assert "Cross-attention, layer 1, head 2." in dom
+    assert 'class="bad"' not in dom
 
 
 @pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get install chromium")
