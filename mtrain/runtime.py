@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import random
 import sys
 from contextlib import AbstractContextManager, nullcontext
@@ -59,8 +60,17 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# oneDNN kernels kept for reuse (its default is 1024). Each bf16 matrix multiply of a new shape
+# builds one, and the cached ones held ~400 MB of a bf16 default run on a 2-core AMD EPYC
+# (bench_train: 1,771 MB resident against 1,318 with 16 kept) for ~2% of its tokens/s
+# (docs/benchmarks.md). A user's own ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
+ONEDNN_KERNELS_KEPT = 16
+
+
 def configure(device: torch.device) -> None:
-    """On CUDA allow TF32 and pick attention kernels; on the CPU keep freed memory for reuse."""
+    """On CUDA allow TF32 and pick attention kernels; on the CPU keep freed memory for reuse
+    and few oneDNN kernels. Call it before the first bf16 matrix multiply: oneDNN reads its
+    cache's capacity then."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -69,6 +79,7 @@ def configure(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
     else:
         _keep_freed_memory()
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
 
 
 @functools.cache
