@@ -89,7 +89,7 @@ class TrainConfig:
     clip_norm: float = 1.0
     max_steps: int = 100_000
     max_minutes: float = 29.0  # wall-clock budget, the whole run included; 0 means none
-    eval_every: int = 250  # steps between validations
+    eval_every: int = 500  # steps between validations
     keep_last: int = 5  # step-N.pt checkpoints kept, besides last.pt and best.pt
     patience: int = 0  # stop after this many validations without a better dev BLEU; 0: never
     average_last: int = 5  # at the end, average the last N step checkpoints into averaged.pt

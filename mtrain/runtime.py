@@ -60,10 +60,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# oneDNN kernels kept for reuse (its default is 1024). Each bf16 matrix multiply of a new shape
-# builds one, and the cached ones held ~400 MB of a bf16 default run on a 2-core AMD EPYC
-# (bench_train: 1,771 MB resident against 1,318 with 16 kept) for ~2% of its tokens/s
-# (docs/benchmarks.md). A user's own ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
+# oneDNN kernels kept for reuse (its default is 1,024). Each bf16 matrix multiply of a new shape
+# builds one; on a 2-core AMD EPYC the cached ones held ~450 MB of the bf16 default's training
+# (bench_train: 1,280-1,352 MB resident with 16 kept, 1,596-2,016 with 1,024) at the same
+# tokens/s, and its whole-run peak fell from 2,204 to 1,569 MB (docs/benchmarks.md). A user's
+# own ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
 ONEDNN_KERNELS_KEPT = 16
 
 

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -63,3 +64,12 @@ def test_release_freed_memory_gives_the_free_pages_of_a_fragmented_heap_back():
     ).stdout
     before, after = map(float, out.split())
     assert before - after > 200  # of the 256 MB freed; never trimmed without the call
+
+
+def test_on_the_cpu_onednn_keeps_few_kernels_unless_the_user_says_otherwise(monkeypatch):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    runtime.configure(torch.device("cpu"))
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(runtime.ONEDNN_KERNELS_KEPT)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    runtime.configure(torch.device("cpu"))
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ class Service:
     def __init__(self, translator: Translator, run: Path, engine: str, checkpoint: str):
         self.base, self.run, self.engine, self.checkpoint = translator, run, engine, checkpoint
         self.cfg: Config = translator.cfg
+        # The translators of the last few search options: making one copies the output weights.
+        self.translator = functools.lru_cache(maxsize=8)(self._translator)
 
     @property
     def can_explain(self) -> bool:
         return not isinstance(self.base, CT2Translator)  # CTranslate2 shows no steps
 
-    def translator(self, options: SearchOptions) -> Translator:
+    def _translator(self, options: SearchOptions) -> Translator:
         """The base translator with a request's search options."""
         decode = dataclasses.replace(self.base.decode, beam_size=options.beam, alpha=options.alpha)
         b = self.base
