@@ -10,6 +10,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -443,6 +444,33 @@ def test_ctrl_c_stops_an_idle_server_and_a_taken_port_is_one_line(run_dir):
     )
     status, stderr = served.stop(signal.SIGINT)
     assert status == 0 and "stopped by SIGINT" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_connections_to_the_bound_socket_send_small_writes_at_once(host):
+    """Nagle's algorithm is off on each connection the server accepts: with it on, a response
+    body written after its headers waits for the client's delayed ACK (40 ms a request)."""
+    if host == "::1" and not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    from mtrain.serve import server
+
+    async def nodelay_of_an_accepted_connection() -> int:
+        accepted = asyncio.get_running_loop().create_future()
+
+        def connected(reader, writer):
+            sock = writer.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        listening = await asyncio.start_server(connected, sock=server.bind(host, 0))
+        port = listening.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection(host, port)
+        value = await asyncio.wait_for(accepted, 30)
+        writer.close()
+        listening.close()
+        return value
+
+    assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
 
 
 def chromium() -> str | None:
