@@ -134,12 +134,14 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=400, help="sent per N, in all")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--beam", type=int, default=1)
+    parser.add_argument("--wait-ms", type=float, help="mtrain serve --wait-ms (default: its own)")
     args = parser.parse_args()
     sources = test_sources(args.run)
     print("| batching | clients | sentences/s | p50 ms | p99 ms | sentences per batch |")
     print("|---|---:|---:|---:|---:|---:|")
     for batching in ("--batching", "--no-batching"):
-        server = Server(args.run, ["--engine", args.engine, batching])
+        wait = [] if args.wait_ms is None else ["--wait-ms", str(args.wait_ms)]
+        server = Server(args.run, ["--engine", args.engine, batching, *wait])
         try:
             load(server, sources, 1, min(10, args.sentences), args.beam)  # warm up
             for n in args.clients:

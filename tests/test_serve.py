@@ -103,6 +103,24 @@ def test_requests_waiting_together_are_decoded_together():
     batcher.close()
 
 
+def test_a_request_that_waited_out_a_batch_still_waits_for_the_clients_it_answered():
+    """Requests that queued during a batch wait for company again once the worker is free."""
+    model, answers = Model(), Answers()
+    model.release.clear()
+    batcher = Batcher(model, Policy(max_wait=60.0, batch_tokens=20))
+    batcher.submit(job(["first"], GREEDY, answers, "first", [20]))  # a full batch goes at once
+    assert model.entered.wait(30)
+    long_ago = time.monotonic() - 600  # it has waited far longer than max_wait
+    queued = Job(GREEDY, ["queued"], [10], answers.done("queued"), arrived=long_ago)
+    batcher.submit(queued)
+    model.release.set()
+    answers.wait(1)  # the held batch is answered; its client sends again
+    batcher.submit(job(["again"], GREEDY, answers, "again", [10]))  # fills the token budget
+    answers.wait(3)
+    assert [t for t, _ in model.batches] == [["first"], ["queued", "again"]]
+    batcher.close()
+
+
 def test_without_batching_each_request_is_decoded_alone():
     batcher, model, answers = held_batcher(Policy(batching=False))
     for i in range(3):

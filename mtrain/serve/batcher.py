@@ -2,9 +2,14 @@
 
 Requests wait in a bounded queue. The worker takes the oldest request's search options and
 gathers, one sentence per request in turn, the sentences of every waiting request with the same
-options until the token budget is spent, waiting at most `max_wait` after the oldest arrived
-for company. Taking sentences in turn means a request of hundreds of sentences is decoded over
-several batches while a one-sentence request that arrives behind it rides in the next one.
+options until the token budget is spent, waiting for company at most `max_wait` after the
+oldest arrived or after the worker came free, whichever is later. That second clock is for a
+busy server: the clients a batch has just answered send their next sentences within a few
+milliseconds, and waiting for them lets them share the next batch with those that queued
+during this one, instead of making a small batch of their own after it (16 clients: 10.5-11.8
+sentences a batch, against 7.7 in batches of 10 and 6 in turn). Taking sentences in turn means a
+request of hundreds of sentences is decoded over several batches while a one-sentence request
+that arrives behind it rides in the next one.
 All model work, solo jobs (/explain) included, runs on the one thread: the model is not shared.
 """
 
@@ -65,7 +70,7 @@ class Policy:
     """How requests are batched."""
 
     batching: bool = True  # False: each request decoded on its own
-    max_wait: float = 0.005  # seconds the oldest request waits for others to join it
+    max_wait: float = 0.005  # seconds the oldest request waits for others (see the top)
     batch_tokens: int = 4000  # source tokens in one call of the translator
     max_queue: int = 1024  # sentences waiting, beyond which requests are refused
 
@@ -83,6 +88,7 @@ class Batcher:
         self.waiting = 0  # sentences queued and not taken yet
         self.closed = False
         self.batches = 0  # calls of `translate` so far
+        self.free_since = 0.0  # when the worker last handed back a batch's answers
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._work, name="mtrain-batcher", daemon=True)
         self.thread.start()
@@ -137,7 +143,7 @@ class Batcher:
                 self.waiting -= 1
                 return head
             if self.policy.batching:
-                deadline = head.arrived + self.policy.max_wait
+                deadline = max(head.arrived, self.free_since) + self.policy.max_wait
                 while not self.closed and self._tokens(head.options) < self.policy.batch_tokens:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -197,3 +203,4 @@ class Batcher:
             job.left -= 1
             if job.left == 0:
                 job.done(job.results)
+        self.free_since = time.monotonic()
