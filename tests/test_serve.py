@@ -103,21 +103,40 @@ def test_requests_waiting_together_are_decoded_together():
     batcher.close()
 
 
-def test_a_request_that_waited_out_a_batch_still_waits_for_the_clients_it_answered():
-    """Requests that queued during a batch wait for company again once the worker is free."""
-    model, answers = Model(), Answers()
-    model.release.clear()
-    batcher = Batcher(model, Policy(max_wait=60.0, batch_tokens=20))
-    batcher.submit(job(["first"], GREEDY, answers, "first", [20]))  # a full batch goes at once
-    assert model.entered.wait(30)
+def test_requests_queued_during_a_batch_wait_for_the_clients_it_answered():
+    """Requests that queued during a batch wait for as many new ones as it answered, however
+    long they have waited already: the answered clients' next sentences join them."""
+    batcher, model, answers = held_batcher(Policy(max_wait=60.0))
     long_ago = time.monotonic() - 600  # it has waited far longer than max_wait
-    queued = Job(GREEDY, ["queued"], [10], answers.done("queued"), arrived=long_ago)
-    batcher.submit(queued)
+    batcher.submit(Job(GREEDY, ["queued"], [7], answers.done("queued"), arrived=long_ago))
     model.release.set()
-    answers.wait(1)  # the held batch is answered; its client sends again
-    batcher.submit(job(["again"], GREEDY, answers, "again", [10]))  # fills the token budget
+    answers.wait(1)  # the held batch answered one request; its client sends again
+    batcher.submit(job(["again"], GREEDY, answers, "again"))
     answers.wait(3)
     assert [t for t, _ in model.batches] == [["first"], ["queued", "again"]]
+    batcher.close()
+
+
+def test_a_lone_client_never_waits_for_company():
+    """Its one answered request is back as soon as it sends again: max_wait is never waited."""
+    model, answers = Model(), Answers()
+    batcher = Batcher(model, Policy(max_wait=600.0))
+    for i in range(3):
+        batcher.submit(job([f"s{i}"], GREEDY, answers, f"s{i}"))
+        answers.wait(i + 1)  # within 30 s, where a wait of max_wait would take 600
+    assert [t for t, _ in model.batches] == [["s0"], ["s1"], ["s2"]]
+    batcher.close()
+
+
+def test_clients_that_do_not_come_back_are_waited_for_at_most_max_wait():
+    batcher, model, answers = held_batcher(Policy(max_wait=0.05))
+    for name in ("a", "b"):
+        batcher.submit(job([name], GREEDY, answers, name))
+    model.release.set()
+    answers.wait(3)  # [first], then [a, b] once first's client has not come back in max_wait
+    batcher.submit(job(["c"], GREEDY, answers, "c"))  # one of a and b's two clients
+    answers.wait(4)
+    assert [t for t, _ in model.batches] == [["first"], ["a", "b"], ["c"]]
     batcher.close()
 
 

@@ -21,6 +21,7 @@ from mtrain.commands.common import (
 )
 from mtrain.commands.translate import Engine, EngineOption
 from mtrain.run_dir import BEST
+from mtrain.serve.batcher import Policy
 
 HostOption = Annotated[
     str, typer.Option(help="Address to listen on; 0.0.0.0 lets other machines in.")
@@ -36,7 +37,9 @@ BatchingOption = Annotated[
 WaitOption = Annotated[
     float,
     typer.Option(
-        "--wait-ms", min=0.0, help="How long a request waits for others to share its batch."
+        "--wait-ms",
+        min=0.0,
+        help="The most a batch waits for the clients the last one answered to send again.",
     ),
 ]
 QueueOption = Annotated[
@@ -56,8 +59,8 @@ def serve(
     device: DeviceOption = "auto",
     quantize: QuantizeOption = Quantize.none,
     batching: BatchingOption = True,
-    wait_ms: WaitOption = 5.0,
-    queue: QueueOption = 1024,
+    wait_ms: WaitOption = Policy.max_wait * 1000,
+    queue: QueueOption = Policy.max_queue,
 ) -> None:
     """Serve a model over HTTP until Ctrl-C or SIGTERM: a JSON API and a page at /.
 
@@ -72,7 +75,6 @@ def serve(
     except ImportError as e:  # starlette or uvicorn missing
         fail(f"mtrain serve needs {e.name}: pip install 'mtrain[serve]'")
     from mtrain.serve.api import Limits
-    from mtrain.serve.batcher import Policy
     from mtrain.serve.service import Service
 
     setup_logging()
