@@ -3,12 +3,13 @@
     python scripts/bench_serve.py --run runs/NAME [--sentences 400] [--clients 1 4 16]
     python scripts/bench_serve.py --run DIR --engine ctranslate2   # a directory of mtrain export
 
-For batching on, then off (--no-batching: each request decoded alone), it starts the server on
-a free port, and for each N runs N client threads, each on its own keep-alive connection, that
-send single sentences of the run's test split (POST /translate, greedy unless --beam) until
---sentences have been sent in all. Prints a Markdown table on stdout: sentences/s, p50 and p99
-latency per request, and how many requests the server decoded per batch on average; progress
-on stderr. Run it alone on the machine: the clients share its cores with the server.
+It starts two servers on free ports, batching on and off (--no-batching: each request decoded
+alone), and for each N, on then off back to back (the VM's speed drifts), runs N client
+threads, each on its own keep-alive connection, that send single sentences of the run's test
+split (POST /translate, greedy unless --beam) until --sentences have been sent in all. Prints
+a Markdown table on stdout: sentences/s, p50 and p99 latency per request, and how many requests
+the server decoded per batch on average; progress and each N's on/off ratio on stderr. Run it
+alone on the machine: the clients share its cores with the server.
 """
 
 from __future__ import annotations
@@ -137,22 +138,28 @@ def main() -> None:
     parser.add_argument("--wait-ms", type=float, help="mtrain serve --wait-ms (default: its own)")
     args = parser.parse_args()
     sources = test_sources(args.run)
-    print("| batching | clients | sentences/s | p50 ms | p99 ms | sentences per batch |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for batching in ("--batching", "--no-batching"):
-        wait = [] if args.wait_ms is None else ["--wait-ms", str(args.wait_ms)]
-        server = Server(args.run, ["--engine", args.engine, batching, *wait])
-        try:
-            load(server, sources, 1, min(10, args.sentences), args.beam)  # warm up
-            for n in args.clients:
-                print(f"bench_serve: {batching[2:]}, {n} clients", file=sys.stderr)
+    wait = [] if args.wait_ms is None else ["--wait-ms", str(args.wait_ms)]
+    servers: dict[str, Server] = {}
+    try:
+        for batching in ("--batching", "--no-batching"):  # both loaded; the idle one sleeps
+            servers[batching] = Server(args.run, ["--engine", args.engine, batching, *wait])
+            load(servers[batching], sources, 1, min(10, args.sentences), args.beam)  # warm up
+        print("| clients | batching | sentences/s | p50 ms | p99 ms | sentences per batch |")
+        print("|---:|---|---:|---:|---:|---:|")
+        for n in args.clients:
+            rates = []
+            for batching, server in servers.items():
+                print(f"bench_serve: {n} clients, {batching[2:]}", file=sys.stderr)
                 r = load(server, sources, n, args.sentences, args.beam)
+                rates.append(r["rate"])
                 print(
-                    f"| {'on' if batching == '--batching' else 'off'} | {n} | {r['rate']:.1f} "
+                    f"| {n} | {'on' if batching == '--batching' else 'off'} | {r['rate']:.1f} "
                     f"| {1000 * r['p50']:.0f} | {1000 * r['p99']:.0f} | {r['per_batch']:.1f} |",
                     flush=True,
                 )
-        finally:
+            print(f"bench_serve: {n} clients: on / off {rates[0] / rates[1]:.2f}x", file=sys.stderr)
+    finally:
+        for server in servers.values():
             server.stop()
 
 
