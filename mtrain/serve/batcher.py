@@ -198,29 +198,32 @@ class Batcher:
             results = self.translate(texts, options)
         except Exception as e:  # every request in the batch answers 500
             log.error("mtrain serve: decoding failed: %s: %s", type(e).__name__, e)
-            failed = {id(job): job for job, _ in batch}.values()
-            for job in failed:
-                with self.cond:
+            failed = list({id(job): job for job, _ in batch}.values())
+            with self.cond:
+                for job in failed:
                     if job in self.pending:
                         self.pending.remove(job)
                         self.waiting -= len(job.texts) - job.taken
-                job.left = -1
-                job.done(e)
-            self._came_free(len(failed))
+                    job.left = -1
+            self._answer([(job, e) for job in failed])
             return
         self.batches += 1
-        answered = 0
+        finished = []
         for (job, i), result in zip(batch, results):
             if job.left < 0:
                 continue
             job.results[i] = result
             job.left -= 1
             if job.left == 0:
-                job.done(job.results)
-                answered += 1
-        self._came_free(answered)
+                finished.append((job, job.results))
+        self._answer(finished)
 
-    def _came_free(self, answered: int) -> None:
-        """The worker has handed back a batch's answers, the last of `answered` requests."""
+    def _answer(self, answers: list[tuple[Job, Any]]) -> None:
+        """Hand each finished job its result, and start counting the requests that come back.
+
+        The count starts before the first answer goes: a client may send again at once.
+        """
         with self.cond:
-            self.free_since, self.answered, self.returned = time.monotonic(), answered, 0
+            self.free_since, self.answered, self.returned = time.monotonic(), len(answers), 0
+        for job, result in answers:
+            job.done(result)
