@@ -154,7 +154,7 @@ class Batcher:
                 while (
                     not self.closed
                     and self.returned < self.answered
-                    and self._tokens(head.options) < self.policy.batch_tokens
+                    and self._tokens(head) < self.policy.batch_tokens
                 ):
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -170,9 +170,9 @@ class Batcher:
             return [head]
         return [j for j in self.pending if isinstance(j, Job) and j.options == head.options]
 
-    def _tokens(self, options: SearchOptions) -> int:
-        jobs = [j for j in self.pending if isinstance(j, Job) and j.options == options]
-        return sum(sum(j.tokens[j.taken :]) for j in jobs)
+    def _tokens(self, head: Job) -> int:
+        """Source tokens not taken yet of the jobs that may share head's batch."""
+        return sum(sum(j.tokens[j.taken :]) for j in self._company(head))
 
     def _take(self, head: Job) -> list[tuple[Job, int]]:
         """Sentences for one batch, one per job in turn, within the token budget (at least one)."""
