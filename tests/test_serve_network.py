@@ -325,6 +325,14 @@ def test_an_idle_keep_alive_connection_is_closed(scarce):
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"status":"ok"' in answer
 
 
+def test_malformed_requests_are_answered_400_and_logged_once(scarce):
+    for _ in range(200):
+        with scarce.connect() as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            assert closed_by_server(sock).startswith(b"HTTP/1.1 400 ")
+    # the fixture checks stderr stays under 2,000 bytes: not a line per request
+
+
 def test_a_client_that_hangs_up_mid_body_is_no_failure(scarce):
     with scarce.connect() as sock:
         sock.sendall(

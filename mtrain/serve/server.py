@@ -97,9 +97,12 @@ class Repeats:
         if what in self.counts:
             self.counts[what] += 1
             return
-        self.counts[what] = 0
         log.warning("mtrain serve: %s", what)
-        self.schedule(self.every, self.flush, what)
+        try:
+            self.schedule(self.every, self.flush, what)
+        except RuntimeError:  # no event loop to count with: each one is said
+            return
+        self.counts[what] = 0
 
     def flush(self, what: str) -> None:
         more = self.counts.pop(what, 0)
@@ -110,6 +113,14 @@ class Repeats:
 
     def schedule(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
         (self._schedule or asyncio.get_running_loop().call_later)(delay, fn, *args)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """A logging filter: uvicorn's own warnings (a malformed request each) counted, too."""
+        what = record.getMessage().strip()
+        if record.exc_info and record.exc_info[1] is not None:
+            what += f": {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        self.note(what)
+        return False
 
     def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """asyncio's handler for errors nothing awaits: one line, never a traceback per event."""
@@ -245,9 +256,10 @@ def run(app, sock: socket.socket, net: Net) -> None:
     # uvicorn raises each signal it caught again once it has stopped, for the handler it found:
     # this one takes it, so that a stop by signal is a clean exit rather than a kill.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    repeats = Repeats()
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    repeats = Repeats()
+    logging.getLogger("uvicorn.error").addFilter(repeats)
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -278,6 +290,7 @@ def run(app, sock: socket.socket, net: Net) -> None:
     try:
         asyncio.run(main())
     finally:
+        logging.getLogger("uvicorn.error").removeFilter(repeats)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
