@@ -6,12 +6,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,7 +18,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 # Served to anyone who reaches the server: the page asks for the token only once it has loaded.
-PUBLIC_PATHS = ("/", "/favicon.ico")
+PUBLIC_PATHS = ("/",)
 PUBLIC_PREFIX = "/static/"
 SHUTTING_DOWN = "server shutting down"
 
