@@ -129,7 +129,7 @@ def test_a_repeated_failure_is_one_line_then_a_count_per_interval(caplog):
         assert len(caplog.records) == 2 and not scheduled
 
 
-def test_a_short_token_or_a_bad_origin_is_one_line(tmp_path):
+def test_a_short_token_a_bad_origin_or_too_many_connections_is_one_line(tmp_path):
     short = tmp_path / "token"
     short.write_text("abc\n")
     result = mtrain("serve", "--run", str(tmp_path), "--token-file", str(short))
@@ -138,6 +138,8 @@ def test_a_short_token_or_a_bad_origin_is_one_line(tmp_path):
     for origin in ("*", "https://a.example/path", "a.example"):
         result = mtrain("serve", "--run", str(tmp_path), "--allow-origin", origin)
         assert result.returncode == 2 and "one origin" in result.stderr, origin
+    result = mtrain("serve", "--run", str(tmp_path), "--max-connections", "100000")
+    assert result.returncode == 2 and "--max-connections 100000: at most 1024" in result.stderr
 
 
 # Host, content type and CORS on a loopback server ---------------------------------------------
