@@ -139,7 +139,8 @@ def test_a_short_token_a_bad_origin_or_too_many_connections_is_one_line(tmp_path
         result = mtrain("serve", "--run", str(tmp_path), "--allow-origin", origin)
         assert result.returncode == 2 and "one origin" in result.stderr, origin
     result = mtrain("serve", "--run", str(tmp_path), "--max-connections", "100000")
-    assert result.returncode == 2 and "--max-connections 100000: at most 1024" in result.stderr
+    assert result.returncode == 2  # at most 1024, fewer under a low descriptor limit
+    assert re.search(r"--max-connections 100000: at most \d+ under the limit", result.stderr)
 
 
 # Host, content type and CORS on a loopback server ---------------------------------------------
