@@ -306,6 +306,8 @@ class Served:
     def request(self, method: str, path: str, body: bytes | None = None, headers=None):
         """(status, parsed JSON or text) of one request on a connection of its own."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=300)
+        if body is not None:  # the server takes JSON bodies only
+            headers = {"Content-Type": "application/json", **(headers or {})}
         try:
             conn.request(method, path, body, headers or {})
             response = conn.getresponse()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,9 +24,24 @@ from mtrain.commands.common import (
 from mtrain.commands.translate import Engine, EngineOption
 from mtrain.run_dir import BEST
 from mtrain.serve.batcher import Policy
+from mtrain.serve.edge import (
+    GRACE_SECONDS,
+    READ_TIMEOUT,
+    RESERVED_DESCRIPTORS,
+    Access,
+    Net,
+    connection_cap,
+    wrap,
+)
+
+TOKEN_ENV = "MTRAIN_SERVE_TOKEN"
 
 HostOption = Annotated[
-    str, typer.Option(help="Address to listen on; 0.0.0.0 lets other machines in.")
+    str,
+    typer.Option(
+        help="Address to listen on; 0.0.0.0 lets other machines in (then set a token: see "
+        "--token-file)."
+    ),
 ]
 PortOption = Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one.")]
 BatchingOption = Annotated[
@@ -49,6 +66,81 @@ QueueOption = Annotated[
     ),
 ]
 
+ReadTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--read-timeout",
+        min=0.1,
+        max=3600.0,
+        help="Seconds a client has to send a request, headers and body; then it is closed.",
+    ),
+]
+GraceOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        max=3600.0,
+        help="Seconds requests in flight get to finish after Ctrl-C or SIGTERM; then they get 503.",
+    ),
+]
+MaxConnectionsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-connections",
+        min=1,
+        help="Open connections at most; past that a new one gets 503 (default: 1024, or the "
+        "descriptor limit less 64).",
+    ),
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        exists=True,
+        dir_okay=False,
+        readable=True,
+        help=f"Requests need 'Authorization: Bearer TOKEN': TOKEN in this file (or ${TOKEN_ENV}).",
+    ),
+]
+AllowOriginOption = Annotated[
+    str | None,
+    typer.Option(
+        "--allow-origin",
+        help="A web origin (https://example.org) whose pages may call the API (CORS).",
+    ),
+]
+
+
+def read_token(path: Path | None) -> str | None:
+    """The token from --token-file, else from $MTRAIN_SERVE_TOKEN; None if neither is set."""
+    if path is not None:
+        where, text = f"--token-file {path}", path.read_text("utf-8", errors="replace")
+    elif os.environ.get(TOKEN_ENV):
+        where, text = f"${TOKEN_ENV}", os.environ[TOKEN_ENV]
+    else:
+        return None
+    token = text.strip()
+    if len(token) < 16 or not all(33 <= ord(c) < 127 for c in token):
+        fail(
+            f"{where}: a token is at least 16 characters, printable ASCII without spaces; "
+            "make one: python -c 'import secrets; print(secrets.token_urlsafe())' > FILE"
+        )
+    return token
+
+
+def check_origin(origin: str) -> str:
+    """An origin as browsers send it: scheme://host[:port], no path."""
+    parts = urllib.parse.urlsplit(origin)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or parts.path
+        or parts.query
+        or parts.fragment
+    ):
+        fail(f"--allow-origin {origin!r}: one origin, as http(s)://host[:port] with no path")
+    return origin
+
 
 def serve(
     run: RunOption = None,
@@ -61,13 +153,19 @@ def serve(
     batching: BatchingOption = True,
     wait_ms: WaitOption = Policy.max_wait * 1000,
     queue: QueueOption = Policy.max_queue,
+    read_timeout: ReadTimeoutOption = READ_TIMEOUT,
+    grace: GraceOption = GRACE_SECONDS,
+    max_connections: MaxConnectionsOption = None,
+    token_file: TokenFileOption = None,
+    allow_origin: AllowOriginOption = None,
 ) -> None:
     """Serve a model over HTTP until Ctrl-C or SIGTERM: a JSON API and a page at /.
 
     POST /translate {"text": "我是谁"} or {"text": [...], "beam": 4, "nbest": 2, "alpha": 0.6};
     POST /explain {"text": "我是谁"}: every decoding step and attention weight; GET /health and
     GET /model. The URL is printed on stderr once the model is loaded. On a signal, requests in
-    flight are finished and the command exits with status 0.
+    flight are finished (a second signal cuts them) and the command exits with status 0.
+    On a loopback address only Host headers naming it are answered; elsewhere set a token.
     """
     try:
         from mtrain.serve import server
@@ -81,6 +179,17 @@ def serve(
     limits = Limits()
     if queue < limits.max_sentences:
         fail(f"--queue {queue}: at least {limits.max_sentences}, the most one request may send")
+    token = read_token(token_file)
+    if allow_origin is not None:
+        allow_origin = check_origin(allow_origin)
+    descriptors = server.raise_descriptor_limit()
+    cap = connection_cap(descriptors)
+    if cap == 0 or (max_connections or 0) > cap:
+        fail(
+            f"--max-connections {max_connections or cap}: at most {cap} under the limit of "
+            f"{descriptors} open files (ulimit -n), which keeps {RESERVED_DESCRIPTORS}"
+        )
+    net = Net(max_connections or cap, read_timeout, grace=grace)
     try:  # before the model loads: a port in use is known at once
         sock = server.bind(host, port)
     except OSError as e:
@@ -94,7 +203,17 @@ def serve(
         run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
     policy = Policy(batching, wait_ms / 1000, cfg.decode.batch_tokens, queue)
     service = Service(translator, run_dir, engine.value, which)
-    address = server.url(sock)
+    address = server.browsable_url(sock)
+    bound, port = sock.getsockname()[:2]
+    access = Access.bound_to(bound, port, token=token, allow_origin=allow_origin)
+    if access.hosts is None:
+        who = (
+            "requests need the token"
+            if token
+            else f"there is no token: anyone who can reach port {port} can use the API "
+            f"(--token-file FILE or ${TOKEN_ENV} sets one)"
+        )
+        log.warning("mtrain: warning: listening on %s, not loopback; %s", bound, who)
 
     def ready() -> None:
         how = "batching" if batching else "no batching"
@@ -102,5 +221,4 @@ def serve(
             "mtrain: serving %s (%s, %s) on %s  (Ctrl-C stops)", run_dir, engine.value, how, address
         )
 
-    stopped_by = server.run(build(service, policy, limits, ready), sock)
-    log.info("mtrain: stopped%s", f" by {stopped_by}" if stopped_by else "")
+    server.run(wrap(build(service, policy, limits, ready), access), sock, net)

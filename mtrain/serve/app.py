@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -61,6 +61,8 @@ def endpoint(handler: Handler) -> Handler:
             )
         except Closed:
             return error(503, "server shutting down")
+        except ClientDisconnect:  # it hung up before its body was in: no one to answer, no bug
+            return error(400, "client disconnected")
         except Exception as e:
             log.error(
                 "mtrain serve: %s %s failed: %s: %s",

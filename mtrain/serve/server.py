@@ -1,15 +1,35 @@
-"""Run the app with uvicorn on a socket of our own until Ctrl-C or SIGTERM."""
+"""Run the app with uvicorn on a socket of our own until Ctrl-C or SIGTERM.
+
+Below the app, each connection keeps to the limits of `Net`: a cap on open connections under
+the descriptor limit, a deadline for a request's headers and body, idle keep-alive connections
+closed; a failure that repeats (accept() out of descriptors) is one log line per interval.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
+import functools
 import logging
+import os
+import resource
 import signal
 import socket
+import sys
+from collections.abc import Callable
+from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-# Requests in flight when a signal comes get this long to finish before they are cut.
-GRACE_SECONDS = 30
+from mtrain.serve.edge import SHUTTING_DOWN, Net, raw_response
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY = 10.0  # seconds between two log lines about the same repeated failure
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -38,32 +58,250 @@ def url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def run(app, sock: socket.socket) -> str | None:
-    """Serve on `sock` until a signal; return the signal's name, once requests in flight are done.
+def browsable_url(sock: socket.socket) -> str:
+    """An address a browser can open: for 0.0.0.0 or ::, this machine's outward address."""
+    host, port = sock.getsockname()[:2]
+    if host not in ("0.0.0.0", "::"):
+        return url(sock)
+    family, probe = (
+        (socket.AF_INET, "192.0.2.1") if host == "0.0.0.0" else (socket.AF_INET6, "2001:db8::1")
+    )
+    try:  # connecting a UDP socket sends nothing: it only picks the route's source address
+        with socket.socket(family, socket.SOCK_DGRAM) as udp:
+            udp.connect((probe, 9))
+            host = udp.getsockname()[0]
+    except OSError:  # no route out: the machine's name
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
-    uvicorn stops on SIGINT and SIGTERM, then raises the signal again for the handler it found:
-    ours records it, so that a stop by signal is a clean exit rather than a kill.
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft limit on open descriptors to the hard one; return the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit is Linux's nr_open in truth: 2**20 unless raised.
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):  # a lower nr_open: keep the soft limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class Repeats:
+    """Logs a failure once, then once per interval with how many more times it came."""
+
+    def __init__(self, every: float = REPORT_EVERY, schedule: Callable[..., Any] | None = None):
+        self.every, self._schedule = every, schedule
+        self.counts: dict[str, int] = {}
+
+    def note(self, what: str) -> None:
+        if what in self.counts:
+            self.counts[what] += 1
+            return
+        log.warning("mtrain serve: %s", what)
+        try:
+            self.schedule(self.every, self.flush, what)
+        except RuntimeError:  # no event loop to count with: each one is said
+            return
+        self.counts[what] = 0
+
+    def flush(self, what: str) -> None:
+        more = self.counts.pop(what, 0)
+        if more:
+            log.warning("mtrain serve: %s (%d more times in %g s)", what, more, self.every)
+            self.counts[what] = 0
+            self.schedule(self.every, self.flush, what)
+
+    def schedule(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        (self._schedule or asyncio.get_running_loop().call_later)(delay, fn, *args)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """A logging filter: uvicorn's own warnings (a malformed request each) counted, too."""
+        what = record.getMessage().strip()
+        if record.exc_info and record.exc_info[1] is not None:
+            what += f": {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        self.note(what)
+        return False
+
+    def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's handler for errors nothing awaits: one line, never a traceback per event."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in OUT_OF_RESOURCES:
+            # asyncio retries accept() a second later; until then, connections wait in the backlog.
+            self.note(f"cannot accept connections: {os.strerror(exc.errno)}")
+        elif exc is not None:
+            self.note(f"{context.get('message', 'error')}: {type(exc).__name__}: {exc}")
+        else:
+            self.note(str(context.get("message", "error")))
+
+
+BUSY = raw_response(
+    503,
+    "Service Unavailable",
+    "server busy: too many open connections; try again shortly",
+    {"retry-after": "1"},
+)
+TOO_SLOW = raw_response(408, "Request Timeout", "request not sent in time", {})
+
+
+class Connection(H11Protocol):
+    """uvicorn's HTTP/1.1 connection, refused past the cap and closed past its read deadline.
+
+    uvicorn's own `limit_concurrency` answers 503 only once a request's headers are in, so idle
+    connections still hold descriptors until accept() fails; its keep-alive timer runs only
+    after an answer and stops at the first byte, so a slow or silent client is never closed.
     """
-    received: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda number, frame: received.append(number))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+
+    def __init__(self, *args: Any, net: Net, repeats: Repeats, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.net, self.repeats = net, repeats
+        self.deadline: asyncio.TimerHandle | None = None
+        self.reading = False  # bytes of a request have come and the request is not whole
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.net.max_connections:
+            self.repeats.note(
+                f"refused connections: {self.net.max_connections} open, the most allowed"
+            )
+            transport.write(BUSY)
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        self.reading = True
+        super().data_received(data)
+        self._disarm_if_whole()
+
+    def on_response_complete(self) -> None:
+        self.reading = False
+        if not self.transport.is_closing():
+            self._arm()
+        super().on_response_complete()
+        self._disarm_if_whole()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _disarm_if_whole(self) -> None:
+        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE):
+            self.reading = False
+            self._disarm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.deadline = self.loop.call_later(self.net.read_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _expired(self) -> None:
+        """Past the read deadline: close; with a 408 if a request had begun and no one answers."""
+        self.deadline = None
+        if self.transport.is_closing():
+            return
+        # A request whose body is still coming has a task reading it: closing tells that task
+        # the client has gone; otherwise nothing else answers on this connection.
+        if self.reading and (self.cycle is None or self.cycle.response_complete):
+            self.transport.write(TOO_SLOW)
+        self.transport.close()
+
+
+class Stopper(uvicorn.Server):
+    """uvicorn's server, where any second signal, or the grace run out, cuts what is in flight."""
+
+    def __init__(self, config: uvicorn.Config, grace: float):
+        super().__init__(config)
+        self.grace = grace
+        self.signals: list[int] = []
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.signals.append(sig)
+        if self.should_exit:  # uvicorn forces only on a second SIGINT
+            self.force_exit = True
+        super().handle_exit(sig, frame)
+
+    async def watch_grace(self) -> None:
+        while not self.should_exit:
+            await asyncio.sleep(0.1)
+        try:
+            await asyncio.wait_for(self._forced(), self.grace)
+        except TimeoutError:
+            self.force_exit = True
+
+    async def _forced(self) -> None:
+        while not self.force_exit:
+            await asyncio.sleep(0.1)
+
+    async def cut(self) -> int:
+        """Answer every request still in flight 503 (see edge.CutAnswers503); how many."""
+        tasks = list(self.server_state.tasks)
+        for task in tasks:
+            task.cancel(SHUTTING_DOWN)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        return len(tasks)
+
+
+def run(app, sock: socket.socket, net: Net) -> None:
+    """Serve on `sock` until a signal; log how it stopped.
+
+    The first signal stops taking connections and lets requests in flight finish, for up to
+    `net.grace` seconds; a second signal, or the grace run out, answers what is left 503 and
+    exits at once: the batch the worker thread holds is not waited for.
+    """
+    # uvicorn raises each signal it caught again once it has stopped, for the handler it found:
+    # this one takes it, so that a stop by signal is a clean exit rather than a kill.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    repeats = Repeats()
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.error").addFilter(repeats)
     config = uvicorn.Config(
         app,
         log_config=None,
         access_log=False,
-        http="h11",
+        http=functools.partial(Connection, net=net, repeats=repeats),
         loop="asyncio",
         lifespan="on",
-        timeout_graceful_shutdown=GRACE_SECONDS,
+        proxy_headers=False,
+        timeout_keep_alive=net.keep_alive,
+        timeout_graceful_shutdown=None,  # Stopper.watch_grace keeps the grace
     )
+    server = Stopper(config, net.grace)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(repeats.loop_exception)
+        watcher = asyncio.create_task(server.watch_grace())
+        await server.serve(sockets=[sock])
+        watcher.cancel()
+        if server.force_exit:
+            cut = await server.cut()
+            stopped(server.signals, cut)
+            # Leaving through asyncio.run would wait for the app's lifespan to close the
+            # batcher, and so for the batch in hand.
+            logging.shutdown()
+            sys.stderr.flush()
+            os._exit(0)
+
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        asyncio.run(main())
     finally:
+        logging.getLogger("uvicorn.error").removeFilter(repeats)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
-    return signal.Signals(received[0]).name if received else None
+    stopped(server.signals, None)
+
+
+def stopped(signals: list[int], cut: int | None) -> None:
+    """Log how the server stopped: by which signal, and how many requests were cut."""
+    by = f" by {signal.Signals(signals[0]).name}" if signals else ""
+    if cut is None:
+        log.info("mtrain: stopped%s", by)
+    else:
+        how = "a second signal" if len(signals) > 1 else "the grace ran out"
+        log.info("mtrain: stopped%s (%s: %d requests cut)", by, how, cut)

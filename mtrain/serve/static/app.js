@@ -3,6 +3,27 @@
 // link opens the same sentence at the same step and map.
 "use strict";
 
+// A server started with a token (mtrain serve --token-file) answers the API 401 until a request
+// carries it: ask for it once, keep it for this tab, and send it with every request after.
+const TOKEN_KEY = "mtrain-serve-token";
+const plainFetch = window.fetch.bind(window);
+window.fetch = async (resource, init = {}) => {
+  const send = async () => {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const headers = new Headers(init.headers || {});
+    if (token) headers.set("Authorization", `Bearer ${token}`);
+    return [token, await plainFetch(resource, { ...init, headers })];
+  };
+  const [sent, response] = await send();
+  if (response.status !== 401) return response;
+  if (sessionStorage.getItem(TOKEN_KEY) === sent) { // not asked since this request went
+    const token = window.prompt("This server needs its token (the text of its --token-file):");
+    if (!token || !token.trim()) return response;
+    sessionStorage.setItem(TOKEN_KEY, token.trim());
+  }
+  return (await send())[1];
+};
+
 const KINDS = {
   encoder: {
     name: "Encoder self-attention",
