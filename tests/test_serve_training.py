@@ -6,12 +6,16 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from mtrain import jsonl
 from mtrain.files import stamp
 from mtrain.run_dir import BEST, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
 from mtrain.serve import reload
@@ -20,7 +24,8 @@ from mtrain.serve.service import Service
 from mtrain.serve.training_view import EXAMPLES, TrainingView
 from mtrain.translator import Translator
 
-from .test_serve import Served
+from .console import REPO
+from .test_serve import Served, chromium
 
 # The log reader ---------------------------------------------------------------------------------
 
@@ -234,3 +239,119 @@ def test_requests_in_flight_while_best_pt_is_replaced_all_get_answers(live_run):
         status, stderr = served.stop()
     assert status == 0 and "Traceback" not in stderr, stderr
     assert "loaded" in stderr and "(step 999)" in stderr
+
+
+# The page, in headless Chromium driven by selenium --------------------------------------------
+
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+def browser_missing() -> str | None:
+    """Why the browser test cannot run here; None if it can."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "no selenium: pip install 'mtrain[dev]'"
+    if chromium() is None or not CHROMEDRIVER.exists():
+        return "no chromium or chromedriver: apt-get install chromium chromium-driver"
+    return None
+
+
+def wait_for(condition, seconds: float, what: str):
+    """Wait until `condition()` is true, looking every tenth of a second."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.1)
+    return value
+
+
+def browser(profile: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as ChromeService
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1500"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    return webdriver.Chrome(service=ChromeService(str(CHROMEDRIVER)), options=options)
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_the_training_view_follows_a_run_while_it_trains(tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run = tmp_path / "run"
+    args = ["train", "--config", "configs/tiny.yaml", "--out", str(run)]
+    args += ["--set", "train.eval_every=20", "--set", "train.max_steps=1000"]
+    args += ["--set", "train.max_minutes=0"]  # it trains until the test stops it
+    with (tmp_path / "train.err").open("wb") as err:
+        train = subprocess.Popen(
+            [sys.executable, "-m", "mtrain", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    driver = served = None
+    try:
+        wait_for(lambda: (run / BEST).exists() or train.poll() is not None, 300, "best.pt")
+        assert train.poll() is None, (tmp_path / "train.err").read_text()
+        served = Served(run)
+        driver = browser(tmp_path / "profile")
+        wait = WebDriverWait(driver, 300)
+        driver.get(served.url)
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        driver.find_element(By.CSS_SELECTOR, '#views button[data-view="training"]').click()
+
+        def rows(d) -> int:
+            return len(d.find_elements(By.CSS_SELECTOR, "#examples-table tbody tr"))
+
+        def points(d, title: str) -> int:
+            chart = d.find_element(By.CSS_SELECTOR, f'svg.chart[data-title="{title}"]')
+            return int(chart.get_attribute("data-points"))
+
+        wait.until(lambda d: rows(d) >= 1)
+        seen = (rows(driver), points(driver, "training loss"), points(driver, "dev BLEU"))
+        wait.until(lambda d: rows(d) >= max(2, seen[0] + 1))  # a validation more, unreloaded
+        assert points(driver, "training loss") > seen[1]
+        assert points(driver, "dev BLEU") > seen[2]
+        train.terminate()
+        train.wait(120)
+        lines = jsonl.read(run / EXAMPLES)
+        wait.until(lambda d: rows(d) == len(lines))
+        first = lines[0]["examples"][0]
+        header = driver.find_element(By.CSS_SELECTOR, "#examples-table th.chosen").text
+        assert first["source"] in header
+        slider = driver.find_element(By.ID, "validation")
+        slider.send_keys(Keys.HOME)
+        for line in lines:  # the slider walks the validations; the map follows
+            step = str(line["step"])
+            wait.until(
+                lambda d, step=step: (
+                    d.find_element(By.ID, "ex-heatmap").get_attribute("data-step") == step
+                )
+            )
+            (ex,) = [e for e in line["examples"] if e["source"] == first["source"]]
+            cells = driver.find_elements(By.CSS_SELECTOR, "#ex-heatmap rect.cell")
+            assert len(cells) == len(ex["tgt_pieces"]) * len(ex["src_pieces"])
+            current = driver.find_element(By.CSS_SELECTOR, "#examples-table tr.current td")
+            assert current.text == step
+            slider.send_keys(Keys.RIGHT)
+        driver.find_element(By.CSS_SELECTOR, '#x-axis button[data-x="minutes"]').click()
+        ticks = driver.find_elements(By.CSS_SELECTOR, 'svg.chart[data-title="dev BLEU"] .axis-name')
+        assert ticks[0].text == "minutes"
+        assert not driver.find_elements(By.CSS_SELECTOR, "#training-status.bad")
+        driver.save_screenshot(str(tmp_path / "training.png"))  # for a look when it fails
+    finally:
+        if driver is not None:
+            driver.quit()
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+        if served is not None:
+            status, stderr = served.stop()
+            assert status == 0 and "Traceback" not in stderr, stderr

@@ -103,7 +103,7 @@ class Server:
         self.batcher: Batcher | None = None
         self.description = service.describe()
         self.watcher = watcher
-        self.training = TrainingView(service.run)
+        self.logs = TrainingView(service.run)
 
     async def _submit(self, make: Callable[[Callable[[Any], None]], Job | Solo]) -> Any:
         """Queue the job `make` builds around a completion callback; await its result."""
@@ -182,7 +182,7 @@ class Server:
     @endpoint
     async def training(self, request: Request) -> Response:
         """The run's curves and example translations; 304 while no log has changed."""
-        snapshot = await asyncio.to_thread(self.training.read)
+        snapshot = await asyncio.to_thread(self.logs.read)
         headers = {"ETag": snapshot.etag, "Cache-Control": "no-cache"}
         if request.headers.get("if-none-match") == snapshot.etag:
             return Response(status_code=304, headers=headers)
@@ -195,7 +195,7 @@ class Server:
         validation, source = query.get("validation", ""), query.get("source")
         if not validation.isdigit() or source is None:
             raise ApiError(422, "expected ?validation=N (0 for the first)&source=the example")
-        found = await asyncio.to_thread(self.training.attention, int(validation), source)
+        found = await asyncio.to_thread(self.logs.attention, int(validation), source)
         if found is None:
             raise ApiError(404, f"no example {source!r} at validation {validation}")
         return JSONUnicode(found)
