@@ -1,4 +1,5 @@
-"""What training shows and keeps as it goes: the progress bar, train.jsonl and metrics.jsonl."""
+"""What training shows and keeps as it goes: the progress bar, train.jsonl, metrics.jsonl and
+examples.jsonl."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from mtrain import jsonl
 from mtrain.coordinator import Finished
-from mtrain.run_dir import METRICS, TRAIN_LOG
+from mtrain.run_dir import EXAMPLES, METRICS, TRAIN_LOG
 from mtrain.training_data import Update
 from mtrain.validation import Validation
 
@@ -41,10 +43,17 @@ class TrainLog:
         self.loss_sum, self.tokens = 0.0, 0
 
 
+LOGS = (METRICS, TRAIN_LOG, EXAMPLES)  # the run's logs, each a record per line with its step
+
+
 @contextlib.contextmanager
 def run_log(run_dir: Path, main: bool, step: int, total: int | None) -> Iterator[RunLog]:
     """The run's log, open while it trains from `step` to `total` (None: unknown); on a rank
-    other than 0, a log that shows and writes nothing."""
+    other than 0, a log that shows and writes nothing. Rank 0 first cuts the logs back to
+    `step`, where a resumed run goes on."""
+    if main:
+        for name in LOGS:
+            jsonl.trim(run_dir / name, step)
     with contextlib.ExitStack() as files:
         bar = files.enter_context(
             tqdm(
@@ -62,15 +71,17 @@ def run_log(run_dir: Path, main: bool, step: int, total: int | None) -> Iterator
             return files.enter_context(path.open("a", encoding="utf-8")) if main else None
 
         metrics, train_log = open_log(METRICS), TrainLog(open_log(TRAIN_LOG))
+        examples = open_log(EXAMPLES)
         files.enter_context(logging_redirect_tqdm())
-        yield RunLog(bar, metrics, train_log)
+        yield RunLog(bar, metrics, train_log, examples)
 
 
 class RunLog:
-    """The progress bar (loss, learning rate, tokens/s), train.jsonl and metrics.jsonl."""
+    """The progress bar (loss, learning rate, tokens/s), train.jsonl, metrics.jsonl and
+    examples.jsonl."""
 
-    def __init__(self, bar: tqdm, metrics, train_log: TrainLog):
-        self.bar, self.metrics, self.train_log = bar, metrics, train_log
+    def __init__(self, bar: tqdm, metrics, train_log: TrainLog, examples=None):
+        self.bar, self.metrics, self.train_log, self.examples = bar, metrics, train_log, examples
         self.restart_window()
 
     def restart_window(self) -> None:
@@ -90,9 +101,14 @@ class RunLog:
 
     def validation(self, event: str, val: Validation, improved: bool, **extra) -> None:
         """Record a validation (event "validation") or that of the averaged model ("average")."""
-        record = {"event": event, **vars(val), "best": improved, **extra}
+        record = {"event": event, **val.scores(), "best": improved, **extra}
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
+        if val.examples and self.examples is not None:
+            shown = [example.to_dict() for example in val.examples]
+            record = {"event": event, "step": val.step, "minutes": val.minutes, "examples": shown}
+            self.examples.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.examples.flush()
         what = f"average of steps {extra['steps']}" if event == "average" else f"step {val.step}"
         log.info(
             "%s  %.1f min  dev loss %.3f  dev BLEU %.2f  chrF %.2f%s",
@@ -103,6 +119,9 @@ class RunLog:
             val.dev_chrf,
             "  (best)" if improved else "",
         )
+        for example in val.examples:
+            ref = f"  (reference: {example.reference})" if example.reference else ""
+            log.info("  %s → %s%s", example.source, example.translation, ref)
 
     def finished(self, step: int, finished: Finished, peak_lr: float) -> None:
         """Say why the run ended, and where its learning rate was then (last.pt records it)."""
