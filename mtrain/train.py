@@ -171,12 +171,10 @@ class Trainer:
                 "train.patience is not used under train.lr_schedule: linear: the run ends where "
                 "its learning rate reaches 0, and best.pt keeps its best validated model"
             )
-        # Under a time budget the step count is unknown: show no misleading ETA.
-        total = None if tcfg.max_minutes else tcfg.max_steps
         try:
             with (
                 coordinator.stop_signals(),
-                run_log(self.run_dir, main, self.step, total) as logs,
+                run_log(self.run_dir, tcfg, main, coordinator, self.step, self.minutes()) as logs,
             ):
                 self.train_updates(coordinator, logs)
                 if tcfg.average_last and main:
