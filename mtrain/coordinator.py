@@ -96,6 +96,7 @@ class Coordinator:
         if self.schedule and self.budget == math.inf:
             self.schedule.end_at(step, cfg.max_steps)
         self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
+        self.started = (step, minutes)
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
         self.stop_requested = False
@@ -124,6 +125,22 @@ class Coordinator:
     def last_step(self) -> int:
         planned = self.schedule.total if self.schedule and self.schedule.total else math.inf
         return min(self.cfg.max_steps, planned)
+
+    def end_step(self, step: int, minutes: float) -> int | None:
+        """The step the run is headed for: train.max_steps, or under a time budget the planned
+        end of the linear schedule, or else the step the speed so far reaches by the budget's
+        end; None until that speed is measured. Patience may still end it sooner."""
+        if self.budget == math.inf or (self.schedule and self.schedule.total):
+            return self.last_step
+        done, took = step - self.started[0], minutes - self.started[1]
+        if done < 1 or took <= 0:
+            return None
+        left = max(0.0, self.budget - minutes - self.reserve)
+        return min(self.cfg.max_steps, step + math.floor(done / took * left))
+
+    def minutes_left(self, minutes: float) -> float | None:
+        """Minutes left of the time budget; None without one."""
+        return None if self.budget == math.inf else max(0.0, self.budget - minutes)
 
     def plan(self, step: int, minutes: float) -> None:
         """Once warmup is over, and again at every validation step, fix the step count the time

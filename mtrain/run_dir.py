@@ -22,6 +22,8 @@ from mtrain.tokenizer import PAD_ID, Tokenizer
 CONFIG_FILE, LAST, BEST, METRICS = "config.yaml", "last.pt", "best.pt", "metrics.jsonl"
 AVERAGED = "averaged.pt"
 TRAIN_LOG = "train.jsonl"  # training loss and learning rate every LOG_EVERY steps
+EXAMPLES = "examples.jsonl"  # each validation's example translations, with their attention
+TENSORBOARD = "tensorboard"  # the directory of TensorBoard's event files (train.tensorboard)
 
 
 class CheckpointError(ValueError):

@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import jsonl, runtime
+from mtrain import runtime
 from mtrain.config import Config, ConfigError
 from mtrain.coordinator import Action, Coordinator, Finished, patience
 from mtrain.distributed import Group
 from mtrain.optim import build_optimizer
-from mtrain.run_dir import METRICS, TRAIN_LOG, build_model
+from mtrain.run_dir import build_model
 from mtrain.training_data import TrainingData, Update
 from mtrain.training_log import RunLog, run_log
 from mtrain.training_state import Checkpoints, Held, Progress, TrainingState, resume_from_rank_0
@@ -102,9 +102,6 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + group.rank)
         self.minutes_before, self.finished = progress.minutes, progress.finished
         self.validated = progress.validated  # whether the step resumed from was validated
-        if group.is_main:
-            for name in (METRICS, TRAIN_LOG):
-                jsonl.trim(run_dir / name, progress.step)
         group.end_startup()
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.
         self.net = DistributedDataParallel(self.model) if group.active else self.model
@@ -174,12 +171,10 @@ class Trainer:
                 "train.patience is not used under train.lr_schedule: linear: the run ends where "
                 "its learning rate reaches 0, and best.pt keeps its best validated model"
             )
-        # Under a time budget the step count is unknown: show no misleading ETA.
-        total = None if tcfg.max_minutes else tcfg.max_steps
         try:
             with (
                 coordinator.stop_signals(),
-                run_log(self.run_dir, main, self.step, total) as logs,
+                run_log(self.run_dir, tcfg, main, coordinator, self.step, self.minutes()) as logs,
             ):
                 self.train_updates(coordinator, logs)
                 if tcfg.average_last and main:
