@@ -17,11 +17,11 @@ import torch
 
 from mtrain import jsonl
 from mtrain.files import stamp
-from mtrain.run_dir import BEST, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
+from mtrain.run_dir import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
 from mtrain.serve import reload
 from mtrain.serve.reload import ModelWatcher
 from mtrain.serve.service import Service
-from mtrain.serve.training_view import EXAMPLES, TrainingView
+from mtrain.serve.training_view import TrainingView
 from mtrain.translator import Translator
 
 from .console import REPO
@@ -284,8 +284,10 @@ def test_the_training_view_follows_a_run_while_it_trains(tmp_path):
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    run = tmp_path / "run"
-    args = ["train", "--config", "configs/tiny.yaml", "--out", str(run)]
+    run, dev = tmp_path / "run", tmp_path / "dev.tsv"
+    dev_lines = (REPO / "data/tatoeba/dev.tsv").read_text("utf-8").splitlines(keepends=True)
+    dev.write_text("".join(dev_lines[:40]), "utf-8")  # a validation in a second or two
+    args = ["train", "--config", "configs/tiny.yaml", "--out", str(run), "--set", f"data.dev={dev}"]
     args += ["--set", "train.eval_every=20", "--set", "train.max_steps=1000"]
     args += ["--set", "train.max_minutes=0"]  # it trains until the test stops it
     with (tmp_path / "train.err").open("wb") as err:

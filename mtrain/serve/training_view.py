@@ -18,11 +18,9 @@ from typing import Any
 
 from mtrain import jsonl
 from mtrain.files import Stamp, stamp
-from mtrain.run_dir import METRICS, TRAIN_LOG
+from mtrain.run_dir import EXAMPLES, METRICS, TRAIN_LOG
 
 log = logging.getLogger(__name__)
-
-EXAMPLES = "examples.jsonl"
 
 
 @dataclass
