@@ -56,14 +56,17 @@ def main() -> None:
             wait = WebDriverWait(driver, 120)
             driver.get(url + "#view=training")
             wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#ex-heatmap[data-step]"))
-            rows = driver.find_elements(By.CSS_SELECTOR, "#examples-table tbody tr")
+            steps = driver.execute_script(  # the table is drawn again as the run goes on
+                "return [...document.querySelectorAll('#examples-table tbody tr')]"
+                ".map((tr) => tr.cells[0].textContent)"
+            )
             Select(driver.find_element(By.ID, "example")).select_by_index(args.example)
             slider = driver.find_element(By.ID, "validation")
             slider.send_keys(Keys.HOME)
-            steps = len(rows) // 2 if args.validation is None else args.validation
-            for _ in range(steps):
+            at = len(steps) // 2 if args.validation is None else args.validation
+            for _ in range(at):
                 slider.send_keys(Keys.RIGHT)
-            step = rows[steps].find_element(By.TAG_NAME, "td").text
+            step = steps[at]
             wait.until(
                 lambda d: d.find_element(By.ID, "ex-heatmap").get_attribute("data-step") == step
             )

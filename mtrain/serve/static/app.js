@@ -448,12 +448,13 @@ function showCurves() {
   const along = (ys) => d.train[x].map((v, i) => [v, ys[i]]).filter((p) => p[1] !== null);
   const checks = (event) => d.validations.filter((v) => v.event === event && v.dev_bleu !== null)
     .map((v) => [v[x], v.dev_bleu]);
+  const xMax = Math.max(0, ...d.train[x], ...d.validations.map((v) => v[x])); // one axis for all
   $("curves").replaceChildren(
-    chart("training loss", [{ points: along(d.train.loss), name: "loss" }], xName, false),
+    chart("training loss", [{ points: along(d.train.loss), name: "loss" }], xName, xMax, false),
     chart("dev BLEU", [{ points: checks("validation"), name: "BLEU", dots: true },
       { points: checks("average"), name: "BLEU of the averaged model", dots: true, only: true }],
-    xName, true),
-    chart("learning rate", [{ points: along(d.train.lr), name: "lr" }], xName, true),
+    xName, xMax, true),
+    chart("learning rate", [{ points: along(d.train.lr), name: "lr" }], xName, xMax, true),
   );
 }
 
@@ -476,11 +477,11 @@ function number(v) {
 }
 
 // A line chart in SVG; series with `dots` mark each point, `only` draws no line.
-function chart(title, series, xName, fromZero) {
-  const W = 340, H = 220, L = 56, R = 14, T = 28, B = 40;
+function chart(title, series, xName, xMax, fromZero) {
+  const W = 300, H = 200, L = 50, R = 14, T = 28, B = 40;
   const points = series.flatMap((s) => s.points);
   const svg = svgEl("svg", {
-    class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H,
+    class: "chart", viewBox: `0 0 ${W} ${H}`,
     "data-title": title, "data-points": series[0].points.length,
   });
   svg.append(svgEl("text", { class: "chart-title", x: L, y: 16 }, title));
@@ -488,8 +489,7 @@ function chart(title, series, xName, fromZero) {
     svg.append(svgEl("text", { class: "empty", x: (L + W - R) / 2, y: H / 2 }, "nothing yet"));
     return svg;
   }
-  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
-  const xMax = Math.max(...xs);
+  const ys = points.map((p) => p[1]);
   let yLo = fromZero ? Math.min(0, ...ys) : Math.min(...ys), yHi = Math.max(...ys);
   if (yHi <= yLo) yHi = yLo + (Math.abs(yLo) || 1);
   const xt = ticks(0, xMax > 0 ? xMax : 1), yt = ticks(yLo, yHi);
@@ -555,7 +555,7 @@ function showExamples() {
       return cell;
     })));
   table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
-  $("example").replaceChildren(...ex.sources.map((s, i) => el("option", { value: i }, s)));
+  choices($("example"), ex.sources.map((s, i) => [i, s]));
   $("example").value = training.example;
   $("validation").max = max;
   $("validation").value = training.validation;
@@ -563,6 +563,14 @@ function showExamples() {
   $("validation-label").textContent = `${training.validation + 1} of ${rows.length}: ` +
     `update ${row.step}${row.event === "average" ? " (averaged model)" : ""}`;
   showAttention();
+}
+
+// Set a list's options to [value, label] pairs; the same ones are left alone, so that a list a
+// reader holds open is not closed by the next poll.
+function choices(select, pairs) {
+  const now = [...select.options].map((o) => `${o.value}\t${o.textContent}`).join("\n");
+  if (now === pairs.map(([v, label]) => `${v}\t${label}`).join("\n")) return;
+  select.replaceChildren(...pairs.map(([v, label]) => el("option", { value: v }, label)));
 }
 
 async function showAttention() {
@@ -594,9 +602,8 @@ function drawAttention(att) {
   }
   training.layer = Math.min(training.layer, layers.length - 1);
   training.head = Math.min(training.head, layers[0].length - 1);
-  $("ex-layer").replaceChildren(...layers.map((_, i) => el("option", { value: i }, `${i + 1}`)));
-  $("ex-head").replaceChildren(el("option", { value: MEAN }, "mean"),
-    ...layers[0].map((_, i) => el("option", { value: i }, `${i + 1}`)));
+  choices($("ex-layer"), layers.map((_, i) => [i, `${i + 1}`]));
+  choices($("ex-head"), [[MEAN, "mean"], ...layers[0].map((_, i) => [i, `${i + 1}`])]);
   $("ex-layer").value = training.layer;
   $("ex-head").value = training.head;
   const heads = layers[training.layer];
