@@ -300,11 +300,11 @@ def test_the_training_view_follows_a_run_while_it_trains(tmp_path):
         )
     driver = served = None
     try:
-        wait_for(lambda: (run / BEST).exists() or train.poll() is not None, 300, "best.pt")
+        wait_for(lambda: (run / BEST).exists() or train.poll() is not None, 900, "best.pt")
         assert train.poll() is None, (tmp_path / "train.err").read_text()
         served = Served(run)
         driver = browser(tmp_path / "profile")
-        wait = WebDriverWait(driver, 300)
+        wait = WebDriverWait(driver, 600)  # minutes on a loaded machine; seconds alone
         driver.get(served.url)
         wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
         driver.find_element(By.CSS_SELECTOR, '#views button[data-view="training"]').click()
