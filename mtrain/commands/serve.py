@@ -96,9 +96,10 @@ def serve(
         run_dir, cfg, translator = load_ct2_translator(run, device, None, None, quantize)
         watcher, step = None, None
     else:
-        from mtrain.serve.reload import ModelWatcher
+        from mtrain.serve.reload import ModelWatcher, wait_for_checkpoint
 
         run = resolve_run(run)
+        wait_for_checkpoint(resolve(run, which), run)
         before = stamp(resolve(run, which))
         run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
         int8 = quantize is Quantize.int8
