@@ -71,6 +71,7 @@ def main() -> None:
                 lambda d: d.find_element(By.ID, "ex-heatmap").get_attribute("data-step") == step
             )
             wait.until(lambda d: d.execute_script("return document.fonts.status") == "loaded")
+            driver.execute_script("window.scrollTo(0, 0)")  # the slider's keys scrolled down
             driver.save_screenshot(str(args.out))
         finally:
             driver.quit()

@@ -555,6 +555,12 @@ function showExamples() {
       return cell;
     })));
   table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+  // The table scrolls inside its box: keep the row the slider shows in sight, under the header.
+  const wrap = table.parentElement, current = body[training.validation];
+  const top = current.offsetTop - table.tHead.offsetHeight;
+  if (top < wrap.scrollTop || current.offsetTop + current.offsetHeight > wrap.scrollTop + wrap.clientHeight) {
+    wrap.scrollTop = Math.max(0, top);
+  }
   choices($("example"), ex.sources.map((s, i) => [i, s]));
   $("example").value = training.example;
   $("validation").max = max;
