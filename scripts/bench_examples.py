@@ -6,7 +6,8 @@ the TensorBoard writes of a validation and of a log step.
 
 With --run, the model is the run's last checkpoint (read only: nothing in the run directory is
 written); with --config, a fresh model in a temporary directory, whose greedy outputs run to
-the length limit: the examples' dearest case. Each part is timed --repeats times and the median
+the length limit: the examples' dearest case. Each part is timed --repeats times, after an
+untimed call (but for the validation itself, whose first call is as long), and the median
 printed: the dev loss and dev BLEU of a validation (`dev_scores`), the examples decoded in one
 greedy batch with cross-attention (`translate_examples`), and, if tensorboard is installed, the
 TensorBoard record of the validation (scores, the examples' text, the attention picture). Run it
@@ -28,9 +29,12 @@ from mtrain.train import Trainer
 from mtrain.validation import Validation, dev_scores
 
 
-def median_seconds(repeats: int, work) -> tuple[float, object]:
-    """The median wall-clock seconds of `work()` over `repeats` calls, and its last result."""
+def median_seconds(repeats: int, work, warm_up: bool = True) -> tuple[float, object]:
+    """The median wall-clock seconds of `work()` over `repeats` calls, and its last result;
+    with `warm_up`, after an untimed call (first-call costs: a font loaded, a weight copied)."""
     times, result = [], None
+    if warm_up:
+        work()
     for _ in range(repeats):
         start = time.perf_counter()
         result = work()
@@ -59,7 +63,7 @@ def main() -> None:
         model, data, amp = trainer.model, trainer.data, trainer.amp_dtype
         examples = trainer.validator.examples
         validation, (dev_loss, scores) = median_seconds(
-            args.repeats, lambda: dev_scores(model, data, cfg, device, amp)
+            args.repeats, lambda: dev_scores(model, data, cfg, device, amp), warm_up=False
         )
         decoding, translated = median_seconds(
             args.repeats,
