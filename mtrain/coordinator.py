@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mtrain.config import TrainConfig
+from mtrain.config import ConfigError, TrainConfig
 from mtrain.distributed import Group
 from mtrain.optim import Schedule
 
@@ -82,6 +82,21 @@ class Finished:
         it on; one that `train.patience` stopped ended partway down."""
         return cfg.lr_schedule == "linear" and self.limit != "patience"
 
+    def check_trainable(self, cfg: TrainConfig, where: str, step: int) -> None:
+        """Refuse raised limits where the run's learning rate is annealed: nothing trains on."""
+        if self.raised(cfg) and self.annealed(cfg):
+            raise ConfigError(
+                f"{where}: finished at step {step} ({self.reason}) with its learning rate "
+                "annealed (train.lr_schedule: linear): raising train.max_steps or "
+                "train.max_minutes cannot train it on; train a new run (another --out)"
+            )
+
+    def hint(self, cfg: TrainConfig) -> str:
+        """What would train the run on, in words."""
+        if self.annealed(cfg):
+            return "its learning rate is annealed: train a new run to train longer"
+        return f"raise train.{self.limit} to train on"
+
 
 class Coordinator:
     """The decisions of a run that every process must take alike."""
@@ -100,6 +115,11 @@ class Coordinator:
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
         self.stop_requested = False
+        if group.is_main and cfg.patience and not patience(cfg):
+            log.info(
+                "train.patience is not used under train.lr_schedule: linear: the run ends where "
+                "its learning rate reaches 0, and best.pt keeps its best validated model"
+            )
 
     @contextlib.contextmanager
     def stop_signals(self) -> Iterator[None]:

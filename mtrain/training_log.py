@@ -108,18 +108,19 @@ class RunLog:
         """Show a finished update; every LOG_EVERY steps, record the loss and learning rate."""
         self.window_tokens += update.n_tokens  # of all processes
         self.train_log.add(loss, update.n_target)
+        # The end moves as the plan or the speed does: never shown behind the step.
+        self.bar.total = self.coordinator.end_step(step, minutes)
         self.bar.update(1)
         if step % LOG_EVERY == 0:
             tok_s = self.window_tokens / (time.monotonic() - self.window_start)
-            self.show(loss, lr, tok_s, step, minutes)
+            self.show(loss, lr, tok_s, minutes)
             mean_loss = self.train_log.write(step, minutes, lr)
             if self.tensorboard:
                 self.tensorboard.train(step, mean_loss, lr, tok_s)
             self.restart_window()
 
-    def show(self, loss: float, lr: float, tok_s: float, step: int, minutes: float) -> None:
-        """Refresh the bar: its end as the coordinator now sees it, and the postfix."""
-        self.bar.total = self.coordinator.end_step(step, minutes)
+    def show(self, loss: float, lr: float, tok_s: float, minutes: float) -> None:
+        """Refresh the bar's postfix."""
         postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{tok_s:.0f}"}
         if self.dev_bleu is not None:
             postfix["bleu"] = f"{self.dev_bleu:.2f}"

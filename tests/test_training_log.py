@@ -64,3 +64,14 @@ def test_the_bar_shows_the_end_the_time_left_and_the_last_dev_bleu():
     assert bar.total == 20
     assert bar.postfix.startswith("loss=2.500, lr=1.00e-03, tok_s=")
     assert bar.postfix.endswith(", bleu=12.35, left=07:54")
+
+
+def test_the_bar_is_never_behind_its_step_when_the_speed_drops():
+    cfg = TrainConfig(lr_schedule="inverse_sqrt", max_steps=1000, max_minutes=10)
+    coordinator = coordinator_of(cfg)
+    bar = tqdm(total=None, file=io.StringIO())
+    logs = RunLog(bar, io.StringIO(), TrainLog(None), coordinator)
+    for step in range(1, 3 * LOG_EVERY):
+        minutes = step if step < 5 else 5 + (step - 5) * 2  # half as fast after step 5
+        logs.update(update_of(100), 2.5, step, minutes, 1e-3)
+        assert bar.n == step and bar.total >= step
