@@ -96,6 +96,12 @@ class TrainConfig:
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
     # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32
     precision: Literal["auto", "fp32"] = "auto"
+    # Sentences translated greedily at every validation, to watch the model learn: shown on
+    # stderr and kept with their cross-attention in examples.jsonl. The dev sentences are a
+    # count, not a list: they come from whichever dev corpus the config names.
+    examples: list[str] = field(default_factory=lambda: ["我是谁"])
+    dev_examples: int = 3  # short dev sentences added to them, with their references
+    tensorboard: bool = False  # also write TensorBoard event files (the tensorboard extra)
 
 
 @dataclass
@@ -139,6 +145,10 @@ def _check_corpus(key: str, value: Any, many: bool) -> Any:
 
 def _check_value(key: str, value: Any, kind: Any) -> Any:
     """Return `value` as type `kind`, or raise ConfigError naming `key`."""
+    if kind == list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise ConfigError(f"{key}: expected a list of sentences, got {reprlib.repr(value)}")
+        return value
     if kind in (Corpus, Corpus | list[Corpus]):
         return _check_corpus(key, value, many=kind is not Corpus)
     if typing.get_origin(kind) is Literal:
@@ -252,7 +262,8 @@ def _check_ranges(cfg: Config) -> None:
 
 def _check_train(cfg: Config) -> None:
     """Counts that may be 0 but not negative; checkpoint averaging within the kept checkpoints."""
-    for key in ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last"):
+    counts = ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last")
+    for key in (*counts, "dev_examples"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must not be negative")
     if cfg.train.average_last == 1:

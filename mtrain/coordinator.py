@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mtrain.config import TrainConfig
+from mtrain.config import ConfigError, TrainConfig
 from mtrain.distributed import Group
 from mtrain.optim import Schedule
 
@@ -82,6 +82,21 @@ class Finished:
         it on; one that `train.patience` stopped ended partway down."""
         return cfg.lr_schedule == "linear" and self.limit != "patience"
 
+    def check_trainable(self, cfg: TrainConfig, where: str, step: int) -> None:
+        """Refuse raised limits where the run's learning rate is annealed: nothing trains on."""
+        if self.raised(cfg) and self.annealed(cfg):
+            raise ConfigError(
+                f"{where}: finished at step {step} ({self.reason}) with its learning rate "
+                "annealed (train.lr_schedule: linear): raising train.max_steps or "
+                "train.max_minutes cannot train it on; train a new run (another --out)"
+            )
+
+    def hint(self, cfg: TrainConfig) -> str:
+        """What would train the run on, in words."""
+        if self.annealed(cfg):
+            return "its learning rate is annealed: train a new run to train longer"
+        return f"raise train.{self.limit} to train on"
+
 
 class Coordinator:
     """The decisions of a run that every process must take alike."""
@@ -96,9 +111,15 @@ class Coordinator:
         if self.schedule and self.budget == math.inf:
             self.schedule.end_at(step, cfg.max_steps)
         self.measured_from = (step, minutes)  # where the speed is measured from: the last plan
+        self.started = (step, minutes)
         self.reserve = 0.0  # minutes the last validation took: keep room for a final one
         self.validated_step: int | None = None  # the step this process last validated
         self.stop_requested = False
+        if group.is_main and cfg.patience and not patience(cfg):
+            log.info(
+                "train.patience is not used under train.lr_schedule: linear: the run ends where "
+                "its learning rate reaches 0, and best.pt keeps its best validated model"
+            )
 
     @contextlib.contextmanager
     def stop_signals(self) -> Iterator[None]:
@@ -124,6 +145,22 @@ class Coordinator:
     def last_step(self) -> int:
         planned = self.schedule.total if self.schedule and self.schedule.total else math.inf
         return min(self.cfg.max_steps, planned)
+
+    def end_step(self, step: int, minutes: float) -> int | None:
+        """The step the run is headed for: train.max_steps, or under a time budget the planned
+        end of the linear schedule, or else the step the speed so far reaches by the budget's
+        end; None until that speed is measured. Patience may still end it sooner."""
+        if self.budget == math.inf or (self.schedule and self.schedule.total):
+            return self.last_step
+        done, took = step - self.started[0], minutes - self.started[1]
+        if done < 1 or took <= 0:
+            return None
+        left = max(0.0, self.budget - minutes - self.reserve)
+        return min(self.cfg.max_steps, step + math.floor(done / took * left))
+
+    def minutes_left(self, minutes: float) -> float | None:
+        """Minutes left of the time budget; None without one."""
+        return None if self.budget == math.inf else max(0.0, self.budget - minutes)
 
     def plan(self, step: int, minutes: float) -> None:
         """Once warmup is over, and again at every validation step, fix the step count the time

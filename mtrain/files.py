@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -201,3 +202,22 @@ def wait_for_lock(path: Path, what: str) -> Iterator[None]:
         f.write(f"mtrain pid {os.getpid()} on {socket.gethostname()}\n")
         f.flush()
         yield
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    """What tells a file changed: a rename into place gives a new inode, a write in place a new
+    size or modification time."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+def stamp(path: Path) -> Stamp | None:
+    """The file's stamp now; None if it does not exist (or cannot be looked at)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return Stamp(st.st_ino, st.st_size, st.st_mtime_ns)

@@ -22,6 +22,8 @@ from mtrain.tokenizer import PAD_ID, Tokenizer
 CONFIG_FILE, LAST, BEST, METRICS = "config.yaml", "last.pt", "best.pt", "metrics.jsonl"
 AVERAGED = "averaged.pt"
 TRAIN_LOG = "train.jsonl"  # training loss and learning rate every LOG_EVERY steps
+EXAMPLES = "examples.jsonl"  # each validation's example translations, with their attention
+TENSORBOARD = "tensorboard"  # the directory of TensorBoard's event files (train.tensorboard)
 
 
 class CheckpointError(ValueError):
@@ -208,7 +210,14 @@ def load_run(
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
     cfg = config_mod.load(config_path)
     tokenizer = Tokenizer.load(run_dir)
-    path = resolve(run_dir, which)
+    model, _ = load_model(resolve(run_dir, which), cfg, tokenizer, device)
+    return cfg, tokenizer, model
+
+
+def load_model(
+    path: Path, cfg: Config, tokenizer: Tokenizer, device: torch.device
+) -> tuple[Transformer, int]:
+    """The model of checkpoint `path` (in eval mode) and the step it was saved at."""
     state = load_checkpoint(path)
     check_tokenizer(path, state, tokenizer.fingerprint())
     model = build_model(cfg, tokenizer)
@@ -219,7 +228,7 @@ def load_run(
         raise CheckpointError(
             f"{path}: does not match the run's config and tokenizer ({reason})"
         ) from None
-    return cfg, tokenizer, model.to(device).eval()
+    return model.to(device).eval(), state["step"]
 
 
 def latest_run(runs_root: Path) -> Path:

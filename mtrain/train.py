@@ -5,7 +5,8 @@ tokenizer, dev set, updates: the one place that reads data), `UpdateStep` (accum
 mixed precision, out of memory, non-finite losses), `Validator` and `Scoreboard` (dev scores,
 best dev BLEU, patience), `Schedule` (the learning rate), `Coordinator` (when to validate and
 stop), `TrainingState` and `Checkpoints` (what checkpoints hold, and their files) and `RunLog`
-(progress bar, train.jsonl, metrics.jsonl). docs/architecture.md follows one update through them.
+(progress bar, train.jsonl, metrics.jsonl, examples.jsonl, TensorBoard). docs/architecture.md
+follows one update through them.
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import jsonl, runtime
-from mtrain.config import Config, ConfigError
+from mtrain import runtime
+from mtrain.config import Config
 from mtrain.coordinator import Action, Coordinator, Finished, patience
 from mtrain.distributed import Group
 from mtrain.optim import build_optimizer
-from mtrain.run_dir import METRICS, TRAIN_LOG, build_model
+from mtrain.run_dir import build_model
 from mtrain.training_data import TrainingData, Update
 from mtrain.training_log import RunLog, run_log
 from mtrain.training_state import Checkpoints, Held, Progress, TrainingState, resume_from_rank_0
-from mtrain.update_step import LossSettings, NonFiniteLoss, OutOfMemory, UpdateStep
+from mtrain.update_step import NonFiniteLoss, OutOfMemory, UpdateStep
 from mtrain.validation import Scoreboard, Validation, Validator
 
 # The Trainer, and the ways its run can end other than by finishing.
@@ -65,7 +66,7 @@ class Trainer:
         group: Group | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        make_step: Callable[..., UpdateStep] = UpdateStep,
+        make_step: type[UpdateStep] = UpdateStep,
         make_validator: Callable[..., Validator] = Validator,
     ):
         """Under torchrun every process builds a Trainer; rank 0 alone writes the run directory,
@@ -82,8 +83,7 @@ class Trainer:
         runtime.set_seed(cfg.train.seed)
         runtime.configure(device)
         self.data = data = TrainingData(cfg, run_dir, group, resume)
-        # Shortcuts, for scripts and tests:
-        self.tokenizer, self.corpus, self.stream = data.tokenizer, data.corpus, data.stream
+        self.tokenizer, self.corpus, self.stream = data.tokenizer, data.corpus, data.stream  # tests
         self.amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
         self.model = build_model(cfg, data.tokenizer).to(device)
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -102,24 +102,11 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + group.rank)
         self.minutes_before, self.finished = progress.minutes, progress.finished
         self.validated = progress.validated  # whether the step resumed from was validated
-        if group.is_main:
-            for name in (METRICS, TRAIN_LOG):
-                jsonl.trim(run_dir / name, progress.step)
         group.end_startup()
         # The network the updates run through: under torchrun, DDP all-reduces its gradients.
         self.net = DistributedDataParallel(self.model) if group.active else self.model
-        self.update_step = make_step(
-            net=self.net,
-            model=self.model,
-            optimizer=optimizer,
-            scaler=scaler,
-            schedule=self.schedule,
-            group=group,
-            device=device,
-            amp_dtype=self.amp_dtype,
-            loss=LossSettings.of(cfg.train),
-            step=progress.step,
-            skipped=progress.skipped,
+        self.update_step = make_step.of(
+            self.state, self.net, group, device, self.amp_dtype, cfg.train, progress
         )
         self.validator = make_validator(self.model, data, cfg, device, self.amp_dtype, self.minutes)
 
@@ -129,24 +116,17 @@ class Trainer:
         state = self.group.broadcast(self.checkpoints.load_last() if main else None, startup=True)
         progress = self.state.load_state_dict(state, self.checkpoints.last, self.group)
         self.checkpoints.saved_step = progress.step
-        finished, tcfg = progress.finished, self.cfg.train
-        if finished and finished.raised(tcfg) and finished.annealed(tcfg):
-            raise ConfigError(
-                f"{self.run_dir}: finished at step {progress.step} ({finished.reason}) with its "
-                "learning rate annealed (train.lr_schedule: linear): raising train.max_steps or "
-                "train.max_minutes cannot train it on; train a new run (another --out)"
-            )
+        if progress.finished:
+            progress.finished.check_trainable(self.cfg.train, str(self.run_dir), progress.step)
         log.info("resuming %s at step %d", self.run_dir, progress.step)
         return progress
 
     @property
-    def step(self) -> int:
-        """The optimizer updates done."""
+    def step(self) -> int:  # the optimizer updates done
         return self.update_step.step
 
     @property
-    def skipped(self) -> int:
-        """The updates skipped for running out of memory or a non-finite loss."""
+    def skipped(self) -> int:  # the updates skipped: out of memory, a non-finite loss
         return self.update_step.skipped
 
     def minutes(self) -> float:
@@ -154,8 +134,7 @@ class Trainer:
         return self.minutes_before + (self.clock() - self.start) / 60
 
     def state_dict(self, rng: list[dict], validated: bool = False) -> dict:
-        """A checkpoint of the run as it is now; `rng` holds every rank's random generators,
-        `validated` whether this step's dev scores were just taken."""
+        """A checkpoint of the run now; `validated`: this step's dev scores were just taken."""
         progress = Progress(self.step, self.skipped, self.minutes(), validated=validated)
         return self.state.state_dict(progress, rng)
 
@@ -165,21 +144,17 @@ class Trainer:
         SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
         Under torchrun, rank 0 decides when to validate and stop, and tells the others.
         """
-        tcfg, main = self.cfg.train, self.group.is_main
-        coordinator = Coordinator(tcfg, self.group, self.step, self.minutes(), self.schedule)
-        if self.finished_before():
+        tcfg, main, finished = self.cfg.train, self.group.is_main, self.finished
+        if finished and not finished.raised(tcfg):  # nothing to do
+            if main:
+                why, hint = finished.reason, finished.hint(tcfg)
+                log.info("%s finished at step %d (%s); %s", self.run_dir, self.step, why, hint)
             return self.scores.best_bleu
-        if main and tcfg.patience and not patience(tcfg):
-            log.info(
-                "train.patience is not used under train.lr_schedule: linear: the run ends where "
-                "its learning rate reaches 0, and best.pt keeps its best validated model"
-            )
-        # Under a time budget the step count is unknown: show no misleading ETA.
-        total = None if tcfg.max_minutes else tcfg.max_steps
+        coordinator = Coordinator(tcfg, self.group, self.step, self.minutes(), self.schedule)
         try:
             with (
                 coordinator.stop_signals(),
-                run_log(self.run_dir, main, self.step, total) as logs,
+                run_log(self.run_dir, tcfg, main, coordinator, self.step, self.minutes()) as logs,
             ):
                 self.train_updates(coordinator, logs)
                 if tcfg.average_last and main:
@@ -193,22 +168,6 @@ class Trainer:
             kept = self.checkpoints.kept()
             raise RunFileError(f"{e.filename or self.run_dir}: {e.strerror}; {kept}") from None
         return self.scores.best_bleu
-
-    def finished_before(self) -> bool:
-        """Whether the run resumed had finished and its limits were not raised: nothing to do."""
-        finished = self.finished
-        if finished and finished.raised(self.cfg.train):
-            self.finished = None  # it trains on
-        elif finished:
-            if self.group.is_main:
-                if finished.annealed(self.cfg.train):
-                    hint = "its learning rate is annealed: train a new run to train longer"
-                else:
-                    hint = f"raise train.{finished.limit} to train on"
-                why = finished.reason
-                log.info("%s finished at step %d (%s); %s", self.run_dir, self.step, why, hint)
-            return True
-        return False
 
     def train_updates(self, coordinator: Coordinator, logs: RunLog) -> None:
         """Train update after update, validating and stopping as the coordinator says."""

@@ -8,6 +8,7 @@ import logging
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from mtrain.data import Batch
 from mtrain.distributed import Group
 from mtrain.optim import Schedule, loss_fn
 from mtrain.training_data import Update
+
+if TYPE_CHECKING:
+    from mtrain.training_state import Progress, TrainingState
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,32 @@ class UpdateStep:
         self.loss = loss
         self.step = step  # optimizer updates done
         self.skipped = skipped  # updates skipped for running out of memory or a non-finite loss
+
+    @classmethod
+    def of(
+        cls,
+        state: TrainingState,
+        net: torch.nn.Module,
+        group: Group,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        cfg: TrainConfig,
+        progress: Progress,
+    ) -> UpdateStep:
+        """The update step that trains the parts of `state` through `net` from `progress` on."""
+        return cls(
+            net=net,
+            model=state.model,
+            optimizer=state.optimizer,
+            scaler=state.scaler,
+            schedule=state.schedule,
+            group=group,
+            device=device,
+            amp_dtype=amp_dtype,
+            loss=LossSettings.of(cfg),
+            step=progress.step,
+            skipped=progress.skipped,
+        )
 
     def __call__(self, update: Update) -> float | None:
         """One optimizer update from the summed gradients of the update's batches.

@@ -1,11 +1,11 @@
-"""Validation: the teacher-forced dev loss and the greedy dev BLEU and chrF of a model, and
-the scoreboard of a run's validations (best dev BLEU, patience)."""
+"""Validation: the teacher-forced dev loss and the greedy dev BLEU and chrF of a model, its
+example translations, and the scoreboard of a run's validations (best dev BLEU, patience)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,6 +14,7 @@ from mtrain import runtime
 from mtrain.config import Config
 from mtrain.data import example_batches
 from mtrain.evaluate import Scores, score
+from mtrain.examples import ExampleTranslation, choose, translate_examples
 from mtrain.model import Transformer
 from mtrain.optim import loss_fn
 from mtrain.training_data import TrainingData
@@ -22,13 +23,18 @@ from mtrain.translator import Translator
 
 @dataclass
 class Validation:
-    """One validation, as metrics.jsonl records it."""
+    """One validation: its scores, as metrics.jsonl records them, and its example translations."""
 
     step: int
     minutes: float
     dev_loss: float
     dev_bleu: float
     dev_chrf: float
+    examples: list[ExampleTranslation] = field(default_factory=list, repr=False)
+
+    def scores(self) -> dict[str, Any]:
+        """The record's fields of metrics.jsonl: all but the examples."""
+        return {k: v for k, v in vars(self).items() if k != "examples"}
 
 
 @torch.no_grad()
@@ -57,7 +63,8 @@ def dev_scores(
 
 
 class Validator:
-    """Validates a model as it is now: its dev loss, BLEU and chrF (`dev_scores`)."""
+    """Validates a model as it is now: its dev loss, BLEU and chrF (`dev_scores`), and its
+    translations of the run's examples."""
 
     def __init__(
         self,
@@ -71,11 +78,15 @@ class Validator:
         """`minutes`: the run's clock, minutes of training so far."""
         self.model, self.data, self.cfg = model, data, cfg
         self.device, self.amp_dtype, self.minutes = device, amp_dtype, minutes
+        self.examples = choose(cfg, data.tokenizer, data.dev_sources, data.dev_refs)
 
     def __call__(self, step: int) -> Validation:
-        """Dev loss, BLEU and chrF of the model as it is now, at update `step`."""
+        """Dev loss, BLEU and chrF of the model as it is now, at update `step`, and its
+        translations of the examples."""
         dev_loss, scores = dev_scores(self.model, self.data, self.cfg, self.device, self.amp_dtype)
-        return Validation(step, self.minutes(), dev_loss, scores.bleu, scores.chrf)
+        model, tokenizer = self.model, self.data.tokenizer
+        examples = translate_examples(model, tokenizer, self.cfg, self.device, self.examples)
+        return Validation(step, self.minutes(), dev_loss, scores.bleu, scores.chrf, examples)
 
 
 class Scoreboard:

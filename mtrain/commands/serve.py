@@ -19,10 +19,12 @@ from mtrain.commands.common import (
     load_ct2_translator,
     load_translator,
     log,
+    resolve_run,
     setup_logging,
 )
 from mtrain.commands.translate import Engine, EngineOption
-from mtrain.run_dir import BEST
+from mtrain.files import stamp
+from mtrain.run_dir import BEST, resolve
 from mtrain.serve.batcher import Policy
 from mtrain.serve.edge import (
     GRACE_SECONDS,
@@ -162,10 +164,12 @@ def serve(
     """Serve a model over HTTP until Ctrl-C or SIGTERM: a JSON API and a page at /.
 
     POST /translate {"text": "我是谁"} or {"text": [...], "beam": 4, "nbest": 2, "alpha": 0.6};
-    POST /explain {"text": "我是谁"}: every decoding step and attention weight; GET /health and
-    GET /model. The URL is printed on stderr once the model is loaded. On a signal, requests in
-    flight are finished (a second signal cuts them) and the command exits with status 0.
-    On a loopback address only Host headers naming it are answered; elsewhere set a token.
+    POST /explain {"text": "我是谁"}: every decoding step and attention weight; GET /health,
+    GET /model and GET /training (the run's curves and examples, drawn on the page). A checkpoint
+    that changes (a run still training) is served from the next batch. The URL is printed on
+    stderr once the model is loaded. On a signal, requests in flight are finished (a second
+    signal cuts them) and the command exits with status 0. On a loopback address only Host
+    headers naming it are answered; elsewhere set a token.
     """
     try:
         from mtrain.serve import server
@@ -199,10 +203,18 @@ def serve(
         if which != BEST:
             fail("--checkpoint needs --engine mtrain")
         run_dir, cfg, translator = load_ct2_translator(run, device, None, None, quantize)
+        watcher, step = None, None
     else:
+        from mtrain.serve.reload import ModelWatcher, wait_for_checkpoint
+
+        run = resolve_run(run)
+        wait_for_checkpoint(resolve(run, which), run)
+        before = stamp(resolve(run, which))
         run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
+        int8 = quantize is Quantize.int8
+        watcher, step = ModelWatcher.after_load(run_dir / which, translator, int8, before)
     policy = Policy(batching, wait_ms / 1000, cfg.decode.batch_tokens, queue)
-    service = Service(translator, run_dir, engine.value, which)
+    service = Service(translator, run_dir, engine.value, which, step)
     address = server.browsable_url(sock)
     bound, port = sock.getsockname()[:2]
     access = Access.bound_to(bound, port, token=token, allow_origin=allow_origin)
@@ -221,4 +233,4 @@ def serve(
             "mtrain: serving %s (%s, %s) on %s  (Ctrl-C stops)", run_dir, engine.value, how, address
         )
 
-    server.run(wrap(build(service, policy, limits, ready), access), sock, net)
+    server.run(wrap(build(service, policy, limits, ready, watcher), access), sock, net)

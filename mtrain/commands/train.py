@@ -33,6 +33,7 @@ RESUMABLE_KEYS = {
     ("train", "max_minutes"),
     ("train", "patience"),
     ("train", "precision"),  # "auto" may already differ from machine to machine
+    ("train", "tensorboard"),  # what is logged, not what is trained
     ("data", "prepared_dir"),
 }
 
@@ -90,11 +91,12 @@ def train(
     a second Ctrl-C exits at once. Under `torchrun --nproc_per_node N -m mtrain train ...`,
     N processes train one model with DistributedDataParallel; rank 0 writes the run.
     """
-    from mtrain import distributed  # imported here: keeps `translate` light
+    from mtrain import distributed, tensorboard_log  # imported here: keeps `translate` light
 
     group = distributed.from_env()
     setup_logging(quiet=not group.is_main)
     cfg = config.load(config_path, overrides or [], require_data=True)
+    tensorboard_log.require(cfg.train)
     torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     resolve_data(cfg, config_path)

@@ -77,3 +77,23 @@ def _heatmap(ax, weights: torch.Tensor, rows: list[str], cols: list[str], first,
     ax.set_yticks(range(len(rows)), rows if first else [], fontsize=8)
     ax.tick_params(length=0)
     return image
+
+
+def cross_attention_image(
+    weights: torch.Tensor, src_pieces: list[str], tgt_pieces: list[str], title: str
+):
+    """One sentence's (tgt, src) cross-attention as an (H, W, 3) uint8 picture, labelled."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    use_cjk_font()
+    rows, cols = len(tgt_pieces), len(src_pieces)
+    fig = Figure(figsize=(max(cols, 3) * CELL + 1.6, max(rows, 3) * CELL + 1.4), dpi=DPI)
+    fig.set_layout_engine("constrained")
+    ax = fig.subplots()
+    _heatmap(ax, weights, tgt_pieces, src_pieces, True, True)
+    ax.set_title(title, fontsize=8)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)

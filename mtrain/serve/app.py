@@ -22,7 +22,9 @@ from mtrain.figures.common import CJK_FONT
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits
 from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo
+from mtrain.serve.reload import Loaded, ModelWatcher
 from mtrain.serve.service import Service
+from mtrain.serve.training_view import TrainingView
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +94,18 @@ async def read_body(request: Request, limit: int) -> bytes:
 class Server:
     """The endpoints, around one service and its batcher."""
 
-    def __init__(self, service: Service, policy: Policy, limits: Limits):
+    def __init__(
+        self,
+        service: Service,
+        policy: Policy,
+        limits: Limits,
+        watcher: ModelWatcher | None = None,
+    ):
         self.service, self.policy, self.limits = service, policy, limits
         self.batcher: Batcher | None = None
         self.description = service.describe()
+        self.watcher = watcher
+        self.logs = TrainingView(service.run)
 
     async def _submit(self, make: Callable[[Callable[[Any], None]], Job | Solo]) -> Any:
         """Queue the job `make` builds around a completion callback; await its result."""
@@ -126,7 +136,8 @@ class Server:
         results = await self._submit(lambda done: Job(req.options, req.texts, tokens, done))
         cut = self.service.cfg.data.max_src_len
         items = []
-        for nbest, source in zip(results, sources):
+        for decoded, source in zip(results, sources):
+            nbest = decoded.nbest
             item = {"text": nbest[0].text, "score": nbest[0].score, "truncated": source.truncated}
             if req.options.nbest > 1:
                 item["nbest"] = [{"text": t.text, "score": t.score} for t in nbest]
@@ -134,8 +145,15 @@ class Server:
         warnings = [
             f"sentence {i}: truncated to {cut} tokens" for i, s in enumerate(sources) if s.truncated
         ]
+        # A request decoded over several batches may straddle a reload: it names the newer.
+        steps = [d.step for d in results if d.step is not None]
         return JSONUnicode(
-            {"translations": items, "warnings": warnings, "options": vars(req.options)}
+            {
+                "translations": items,
+                "warnings": warnings,
+                "options": vars(req.options),
+                "checkpoint_step": max(steps, default=None),
+            }
         )
 
     @endpoint
@@ -161,7 +179,38 @@ class Server:
 
     @endpoint
     async def model(self, request: Request) -> Response:
-        return JSONUnicode(self.description)
+        return JSONUnicode({**self.description, "checkpoint_step": self.service.step})
+
+    @endpoint
+    async def training(self, request: Request) -> Response:
+        """The run's curves and example translations; 304 while no log has changed."""
+        snapshot = await asyncio.to_thread(self.logs.read)
+        headers = {"ETag": snapshot.etag, "Cache-Control": "no-cache"}
+        if request.headers.get("if-none-match") == snapshot.etag:
+            return Response(status_code=304, headers=headers)
+        return Response(snapshot.body, media_type="application/json", headers=headers)
+
+    @endpoint
+    async def training_attention(self, request: Request) -> Response:
+        """?validation=N&source=TEXT: one example's cross-attention at the N-th validation."""
+        query = request.query_params
+        validation, source = query.get("validation", ""), query.get("source")
+        if not validation.isdigit() or source is None:
+            raise ApiError(422, "expected ?validation=N (0 for the first)&source=the example")
+        found = await asyncio.to_thread(self.logs.attention, int(validation), source)
+        if found is None:
+            raise ApiError(404, f"no example {source!r} at validation {validation}")
+        return JSONUnicode(found)
+
+    def _offer(self, loaded: Loaded) -> bool:
+        """Queue the swap to `loaded` behind the work waiting; False if the queue is full."""
+        try:
+            self.batcher.submit(Solo(lambda: self.service.adopt(loaded), lambda result: None))
+        except QueueFull:
+            return False
+        except Closed:
+            pass
+        return True
 
     async def page(self, request: Request) -> Response:
         return HTMLResponse((STATIC / "index.html").read_text("utf-8"))
@@ -175,13 +224,20 @@ class Server:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.batcher = Batcher(self.service.translate, self.policy)
+        if self.watcher is not None:
+            self.watcher.start(self._offer)
         try:
             yield
         finally:
+            if self.watcher is not None:
+                await asyncio.to_thread(self.watcher.close)
             await asyncio.to_thread(self.batcher.close)
 
 
-API = "POST /translate, POST /explain, GET /health, GET /model, GET / (the page)"
+API = (
+    "POST /translate, POST /explain, GET /health, GET /model, GET /training, "
+    "GET /training/attention, GET / (the page)"
+)
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -191,10 +247,17 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def build(
-    service: Service, policy: Policy, limits: Limits, on_ready: Callable[[], None]
+    service: Service,
+    policy: Policy,
+    limits: Limits,
+    on_ready: Callable[[], None],
+    watcher: ModelWatcher | None = None,
 ) -> Starlette:
-    """The app; `on_ready` runs once the batcher is up, before the first request is read."""
-    server = Server(service, policy, limits)
+    """The app; `on_ready` runs once the batcher is up, before the first request is read.
+
+    With a `watcher`, a new checkpoint is served from the first batch after it loads.
+    """
+    server = Server(service, policy, limits, watcher)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -208,6 +271,8 @@ def build(
         Route("/explain", server.explain, methods=["POST"]),
         Route("/health", server.health),
         Route("/model", server.model),
+        Route("/training", server.training),
+        Route("/training/attention", server.training_attention),
         Route("/static/cjk.otf", server.font),
         Mount("/static", StaticFiles(packages=[("mtrain.serve", "static")])),
     ]

@@ -13,6 +13,7 @@ from mtrain.ct2_engine import CT2Translator
 from mtrain.run_dir import build_model
 from mtrain.serve import explain
 from mtrain.serve.api import SearchOptions
+from mtrain.serve.reload import Loaded
 from mtrain.text import normalize
 from mtrain.translator import Translation, Translator
 
@@ -25,11 +26,27 @@ class Source:
     truncated: bool
 
 
+@dataclasses.dataclass
+class Decoded:
+    """One sentence's translations and the checkpoint step of the model that made them."""
+
+    nbest: list[Translation]
+    step: int | None
+
+
 class Service:
     """One loaded translator, shared by every request through the batcher's one thread."""
 
-    def __init__(self, translator: Translator, run: Path, engine: str, checkpoint: str):
+    def __init__(
+        self,
+        translator: Translator,
+        run: Path,
+        engine: str,
+        checkpoint: str,
+        step: int | None = None,  # the checkpoint's training step, where known
+    ):
         self.base, self.run, self.engine, self.checkpoint = translator, run, engine, checkpoint
+        self.step = step
         self.cfg: Config = translator.cfg
         # The translators of the last few search options: making one copies the output weights.
         self.translator = functools.lru_cache(maxsize=8)(self._translator)
@@ -46,12 +63,19 @@ class Service:
             return CT2Translator(b.engine, b.tokenizer, b.cfg, decode, options.nbest)
         return Translator(b.model, b.tokenizer, b.cfg, b.device, decode, options.nbest)
 
-    def translate(self, texts: list[str], options: SearchOptions) -> list[list[Translation]]:
+    def translate(self, texts: list[str], options: SearchOptions) -> list[Decoded]:
         """Up to nbest translations of each text, as `mtrain translate` gives them."""
-        return self.translator(options).translate_nbest(texts)
+        return [Decoded(n, self.step) for n in self.translator(options).translate_nbest(texts)]
 
     def explain(self, text: str, options: SearchOptions, top_k: int) -> dict[str, Any]:
-        return explain.explain(self.translator(options), text, top_k)
+        answer = explain.explain(self.translator(options), text, top_k)
+        answer["checkpoint_step"] = self.step
+        return answer
+
+    def adopt(self, loaded: Loaded) -> None:
+        """Serve a newly loaded model; on the worker thread, between batches."""
+        self.base, self.step = loaded.translator, loaded.step
+        self.translator.cache_clear()
 
     def sources(self, texts: list[str]) -> list[Source]:
         """Each text's length in source ids, as the translator will cut it."""

@@ -1,0 +1,397 @@
+"""`mtrain serve` on a run still training: the log reader, the checkpoint watcher, the page."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtrain import jsonl
+from mtrain.files import LOCK_FILE, stamp
+from mtrain.run_dir import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
+from mtrain.serve import reload
+from mtrain.serve.reload import ModelWatcher
+from mtrain.serve.service import Service
+from mtrain.serve.training_view import TrainingView
+from mtrain.translator import Translator
+
+from .console import REPO, mtrain
+from .test_serve import Served, chromium
+
+# The log reader ---------------------------------------------------------------------------------
+
+
+def line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def example(source: str, translation: str, step: int) -> dict:
+    """One example as training writes it: 1 layer, 2 heads, (tgt, src) weights."""
+    src, tgt = ["▁我", "是", "谁", "</s>"], ["▁Who", "▁am", "▁I", "?", "</s>"]
+    row = [round(1 / len(src), 3)] * len(src)
+    return {
+        "source": source,
+        "reference": "Who am I?" if source == "我是谁" else None,
+        "translation": translation,
+        "src_pieces": src,
+        "tgt_pieces": tgt,
+        "attention": [[[row] * len(tgt), [[step / 1000] * len(src)] * len(tgt)]],
+    }
+
+
+def validation(step: int, *translations: str) -> dict:
+    sources = ["我是谁", "你好"]
+    items = [example(s, t, step) for s, t in zip(sources, translations)]
+    return {"event": "validation", "step": step, "minutes": step / 100, "examples": items}
+
+
+def view_of(run: Path) -> dict:
+    return json.loads(TrainingView(run).read().body)
+
+
+def test_a_run_with_no_logs_yet_reads_as_empty(tmp_path):
+    view = view_of(tmp_path)
+    assert view["train"] == {"step": [], "minutes": [], "loss": [], "lr": []}
+    assert view["validations"] == [] and view["errors"] == []
+    assert view["examples"] == {"sources": [], "references": [], "validations": []}
+    assert TrainingView(tmp_path).attention(0, "我是谁") is None
+
+
+def test_a_torn_last_line_waits_for_its_end_and_no_change_is_read_once(tmp_path, caplog):
+    logs = TrainingView(tmp_path)
+    records = [
+        {"event": "train", "step": s, "minutes": s / 60, "loss": 9 - s / 10, "lr": 1e-3}
+        for s in (10, 20, 30)
+    ]
+    text = "".join(line(r) for r in records)
+    (tmp_path / TRAIN_LOG).write_text(text[:-9], "utf-8")  # the third line half written
+    with caplog.at_level(logging.WARNING):
+        first = logs.read()
+    assert json.loads(first.body)["train"]["step"] == [10, 20]
+    assert not caplog.records  # a line still being written is no warning
+    assert logs.read() is first  # nothing changed: nothing parsed again
+    (tmp_path / TRAIN_LOG).write_text(text, "utf-8")
+    second = logs.read()
+    assert json.loads(second.body)["train"]["step"] == [10, 20, 30]
+    assert second.etag != first.etag
+
+
+def test_a_damaged_line_keeps_the_last_good_reading_and_is_reported(tmp_path):
+    metrics = tmp_path / METRICS
+    good = line(
+        {"event": "validation", "step": 100, "minutes": 1.0, "dev_bleu": 3.5, "dev_loss": 5}
+    )
+    metrics.write_text(good, "utf-8")
+    logs = TrainingView(tmp_path)
+    assert [v["dev_bleu"] for v in json.loads(logs.read().body)["validations"]] == [3.5]
+    metrics.write_text(good + "{not json\n" + good, "utf-8")
+    view = json.loads(logs.read().body)
+    assert [v["dev_bleu"] for v in view["validations"]] == [3.5]
+    assert f"{metrics}:2: not a log record" in view["errors"][0]
+
+
+def test_examples_grow_a_row_per_validation_with_their_attention(tmp_path):
+    path = tmp_path / EXAMPLES
+    path.write_text(line(validation(50, "I", "Hi")) + line(validation(100, "Who am I?", "Hello")))
+    logs = TrainingView(tmp_path)
+    examples = json.loads(logs.read().body)["examples"]
+    assert examples["sources"] == ["我是谁", "你好"]
+    assert examples["references"] == ["Who am I?", None]
+    assert [(v["step"], v["translations"]) for v in examples["validations"]] == [
+        (50, ["I", "Hi"]),
+        (100, ["Who am I?", "Hello"]),
+    ]
+    with path.open("a", encoding="utf-8") as f:  # a third validation, half written
+        f.write(line(validation(150, "Who am I?", "Hello"))[:100])
+    assert len(json.loads(logs.read().body)["examples"]["validations"]) == 2
+    att = logs.attention(1, "你好")
+    assert att["step"] == 100 and att["tgt_pieces"][0] == "▁Who"
+    layers = att["attention"]  # [layer][head][tgt][src]
+    assert (len(layers), len(layers[0]), len(layers[0][1]), len(layers[0][1][0])) == (1, 2, 5, 4)
+    assert layers[0][1][0][0] == 0.1
+    assert logs.attention(2, "你好") is None and logs.attention(0, "谁") is None
+
+
+# The checkpoint watcher ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def live_run(run_dir, tmp_path) -> Path:
+    """A copy of the trained tiny run whose best.pt the test may replace."""
+    run = tmp_path / "live"
+    shutil.copytree(run_dir, run)
+    return run
+
+
+def rename_into_place(run: Path, step: int) -> None:
+    """Replace best.pt the way training does: a whole file renamed over it (here, the same
+    weights under another step)."""
+    state = load_checkpoint(run / LAST)
+    state["step"] = step
+    tmp = run / "incoming.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, run / BEST)
+
+
+def watcher_of(run: Path) -> tuple[ModelWatcher, Service]:
+    before = stamp(run / BEST)
+    cfg, tokenizer, model = load_run(run, torch.device("cpu"))
+    translator = Translator(model, tokenizer, cfg, torch.device("cpu"))
+    watcher, step = ModelWatcher.after_load(run / BEST, translator, False, before)
+    return watcher, Service(translator, run, "mtrain", BEST, step)
+
+
+def test_a_torn_checkpoint_is_logged_once_and_a_whole_one_is_served(live_run, caplog):
+    watcher, service = watcher_of(live_run)
+    served = service.step
+    assert served == load_checkpoint(live_run / BEST)["step"]
+    assert watcher.poll() is None  # unchanged
+    data = (live_run / BEST).read_bytes()
+    with caplog.at_level(logging.WARNING, logger="mtrain.serve.reload"):
+        for cut in (len(data) // 2, len(data) // 3):  # written in place, cut short, twice
+            (live_run / BEST).write_bytes(data[:cut])
+            assert watcher.poll() is None
+    assert len(caplog.records) == 1 and "truncated or corrupt" in caplog.records[0].message
+    assert service.step == served
+    rename_into_place(live_run, 999)
+    loaded = watcher.poll()
+    assert loaded is not None and loaded.step == 999
+    service.adopt(loaded)
+    (decoded,) = service.translate(["我是谁"], service_options(service))
+    assert decoded.step == 999 and decoded.nbest[0].text
+
+
+def service_options(service: Service):
+    from mtrain.serve.api import SearchOptions
+
+    return SearchOptions(beam=1, alpha=service.base.decode.alpha)
+
+
+def test_a_checkpoint_renamed_into_place_mid_read_is_read_again(live_run, monkeypatch, caplog):
+    watcher, _ = watcher_of(live_run)
+    rename_into_place(live_run, 500)
+    real = reload.load_model
+    renamed = []
+
+    def load_then_rename(*args):
+        loaded = real(*args)
+        if not renamed:  # another save lands while the first is read
+            rename_into_place(live_run, 600)
+            renamed.append(True)
+        return loaded
+
+    monkeypatch.setattr(reload, "load_model", load_then_rename)
+    with caplog.at_level(logging.WARNING):
+        assert watcher.poll() is None  # what was read is no longer the file there
+        loaded = watcher.poll()
+    assert loaded is not None and loaded.step == 600 and not caplog.records
+
+
+def test_requests_in_flight_while_best_pt_is_replaced_all_get_answers(live_run):
+    served = Served(live_run)
+    try:
+        status, model = served.request("GET", "/model")
+        first = model["checkpoint_step"]
+        assert status == 200 and first == load_checkpoint(live_run / BEST)["step"]
+        answers: list[list[tuple[int, dict]]] = [[] for _ in range(4)]  # per client, in order
+        swapped, stop = threading.Event(), threading.Event()
+        answered = threading.Semaphore(0)  # released at each client's first answer
+
+        def client(mine: list[tuple[int, dict]]) -> None:
+            while not stop.is_set():
+                mine.append(served.post("/translate", {"text": ["我是谁", "你好"]}))
+                if len(mine) == 1:
+                    answered.release()
+                if mine[-1][1].get("checkpoint_step") == 999:
+                    swapped.set()
+
+        clients = [threading.Thread(target=client, args=(a,)) for a in answers]
+        for c in clients:
+            c.start()
+        for _ in clients:  # every client has an answer from the first model
+            assert answered.acquire(timeout=120)
+        rename_into_place(live_run, 999)
+        assert swapped.wait(120)
+        stop.set()
+        for c in clients:
+            c.join()
+        for mine in answers:
+            assert all(status == 200 for status, _ in mine), mine
+            steps = [a["checkpoint_step"] for _, a in mine]
+            assert steps == sorted(steps, key=lambda s: s == 999)  # never the old after the new
+        steps = {a["checkpoint_step"] for mine in answers for _, a in mine}
+        assert steps == {first, 999}
+        assert served.request("GET", "/model")[1]["checkpoint_step"] == 999
+        status, explained = served.post("/explain", {"text": "我是谁"})
+        assert status == 200 and explained["checkpoint_step"] == 999
+        status, view = served.request("GET", "/training")
+        assert status == 200 and view["validations"] and view["train"]["step"]
+    finally:
+        status, stderr = served.stop()
+    assert status == 0 and "Traceback" not in stderr, stderr
+    assert "loaded" in stderr and "(step 999)" in stderr
+
+
+def test_serve_on_a_run_before_its_first_validation_waits_for_best_pt(live_run):
+    held = live_run / "held.pt"
+    os.replace(live_run / BEST, held)
+    # This test's process stands in for the trainer that holds the run directory.
+    (live_run / LOCK_FILE).write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    served = Served.__new__(Served)  # started by hand: it must be seen waiting first
+    served.proc = subprocess.Popen(
+        [sys.executable, "-m", "mtrain", "serve", "--run", str(live_run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        waiting = served._read_until(rb"waiting for .*best\.pt")
+        assert served.proc.poll() is None, waiting
+        os.replace(held, live_run / BEST)  # the first validation
+        served.stderr = waiting + served._read_until(rb"http://[\d.]+:\d+/")
+        found = re.search(r"http://([\d.]+):(\d+)/", served.stderr)
+        served.host, served.port = found[1], int(found[2])
+        status, model = served.request("GET", "/model")
+        step = load_checkpoint(live_run / BEST)["step"]
+        assert status == 200 and model["checkpoint_step"] == step
+    finally:
+        status, stderr = served.stop()
+    assert status == 0 and "Traceback" not in stderr, stderr
+
+
+def test_serve_on_a_run_no_process_trains_says_the_checkpoint_is_missing(live_run):
+    (live_run / BEST).unlink()
+    (live_run / LOCK_FILE).write_text(f"pid 999999999 on {socket.gethostname()}\n")
+    result = mtrain("serve", "--run", str(live_run), "--port", "0")
+    assert result.returncode == 2 and "no such checkpoint" in result.stderr
+    assert "waiting" not in result.stderr
+
+
+# The page, in headless Chromium driven by selenium --------------------------------------------
+
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+def browser_missing() -> str | None:
+    """Why the browser test cannot run here; None if it can."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "no selenium: pip install 'mtrain[dev]'"
+    if chromium() is None or not CHROMEDRIVER.exists():
+        return "no chromium or chromedriver: apt-get install chromium chromium-driver"
+    return None
+
+
+def wait_for(condition, seconds: float, what: str):
+    """Wait until `condition()` is true, looking every tenth of a second."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.1)
+    return value
+
+
+def browser(profile: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as ChromeService
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1500"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    return webdriver.Chrome(service=ChromeService(str(CHROMEDRIVER)), options=options)
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_the_training_view_follows_a_run_while_it_trains(tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run, dev = tmp_path / "run", tmp_path / "dev.tsv"
+    dev_lines = (REPO / "data/tatoeba/dev.tsv").read_text("utf-8").splitlines(keepends=True)
+    dev.write_text("".join(dev_lines[:40]), "utf-8")  # a validation in a second or two
+    args = ["train", "--config", "configs/tiny.yaml", "--out", str(run), "--set", f"data.dev={dev}"]
+    args += ["--set", "train.eval_every=20", "--set", "train.max_steps=1000"]
+    args += ["--set", "train.max_minutes=0"]  # it trains until the test stops it
+    with (tmp_path / "train.err").open("wb") as err:
+        train = subprocess.Popen(
+            [sys.executable, "-m", "mtrain", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    driver = served = None
+    try:
+        wait_for(lambda: (run / BEST).exists() or train.poll() is not None, 900, "best.pt")
+        assert train.poll() is None, (tmp_path / "train.err").read_text()
+        served = Served(run)
+        driver = browser(tmp_path / "profile")
+        wait = WebDriverWait(driver, 600)  # minutes on a loaded machine; seconds alone
+        driver.get(served.url)
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        driver.find_element(By.CSS_SELECTOR, '#views button[data-view="training"]').click()
+
+        def rows(d) -> int:
+            return len(d.find_elements(By.CSS_SELECTOR, "#examples-table tbody tr"))
+
+        def points(d, title: str) -> int:
+            chart = d.find_element(By.CSS_SELECTOR, f'svg.chart[data-title="{title}"]')
+            return int(chart.get_attribute("data-points"))
+
+        wait.until(lambda d: rows(d) >= 1)
+        seen = (rows(driver), points(driver, "training loss"), points(driver, "dev BLEU"))
+        wait.until(lambda d: rows(d) >= max(2, seen[0] + 1))  # a validation more, unreloaded
+        assert points(driver, "training loss") > seen[1]
+        assert points(driver, "dev BLEU") > seen[2]
+        train.terminate()
+        train.wait(120)
+        lines = jsonl.read(run / EXAMPLES)
+        wait.until(lambda d: rows(d) == len(lines))
+        first = lines[0]["examples"][0]
+        header = driver.find_element(By.CSS_SELECTOR, "#examples-table th.chosen").text
+        assert first["source"] in header
+        slider = driver.find_element(By.ID, "validation")
+        slider.send_keys(Keys.HOME)
+        for line in lines:  # the slider walks the validations; the map follows
+            step = str(line["step"])
+            wait.until(
+                lambda d, step=step: (
+                    d.find_element(By.ID, "ex-heatmap").get_attribute("data-step") == step
+                )
+            )
+            (ex,) = [e for e in line["examples"] if e["source"] == first["source"]]
+            cells = driver.find_elements(By.CSS_SELECTOR, "#ex-heatmap rect.cell")
+            assert len(cells) == len(ex["tgt_pieces"]) * len(ex["src_pieces"])
+            current = driver.find_element(By.CSS_SELECTOR, "#examples-table tr.current td")
+            assert current.text == step
+            slider.send_keys(Keys.RIGHT)
+        driver.find_element(By.CSS_SELECTOR, '#x-axis button[data-x="minutes"]').click()
+        ticks = driver.find_elements(By.CSS_SELECTOR, 'svg.chart[data-title="dev BLEU"] .axis-name')
+        assert ticks[0].text == "minutes"
+        assert not driver.find_elements(By.CSS_SELECTOR, "#training-status.bad")
+        driver.save_screenshot(str(tmp_path / "training.png"))  # for a look when it fails
+    finally:
+        if driver is not None:
+            driver.quit()
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+        if served is not None:
+            status, stderr = served.stop()
+            assert status == 0 and "Traceback" not in stderr, stderr
