@@ -257,12 +257,17 @@ class Batcher:
             not self.closed
             and self.returned < self.answered
             and head in self.pending
-            and self._tokens(head) < self.policy.batch_tokens
+            and self._tokens(head) < self._budget(head)
         ):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             self.cond.wait(left)
+
+    def _budget(self, head: Job) -> int:
+        """Source tokens in head's batch: the policy's, shared by the beams, as the translator
+        shares them, so that a batch at beam 16 costs what one greedy batch does."""
+        return max(self.policy.batch_tokens // head.options.beam, 1)
 
     def _company(self, head: Job) -> list[Job]:
         """The queued jobs that may share head's batch: head first."""
@@ -280,11 +285,11 @@ class Batcher:
         The jobs taken from go to the back of the queue: requests take turns, whatever their
         options.
         """
-        jobs, batch, tokens = self._company(head), [], 0
+        jobs, batch, tokens, budget = self._company(head), [], 0, self._budget(head)
         while jobs:
             for job in list(jobs):
                 cost = job.tokens[job.taken]
-                if batch and tokens + cost > self.policy.batch_tokens:
+                if batch and tokens + cost > budget:
                     jobs = []
                     break
                 batch.append((job, job.taken))
