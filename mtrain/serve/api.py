@@ -130,7 +130,7 @@ def _options(body: dict[str, Any], decode: DecodeConfig, limits: Limits) -> Sear
     alpha = body.get("alpha", decode.alpha)
     if type(alpha) not in (int, float) or not 0 <= alpha <= MAX_ALPHA:  # NaN and inf too
         raise ApiError(
-            422, f"'alpha' must be a number from 0 to {MAX_ALPHA:g}, not {_shown(alpha)}"
+            422, f"'alpha' must be a finite number from 0 to {MAX_ALPHA:g}, not {_shown(alpha)}"
         )
     return SearchOptions(beam, float(alpha), nbest)
 
