@@ -298,10 +298,10 @@ def test_beam_search_that_drops_finished_sentences_equals_a_textbook_beam():
 
 
 def test_a_huge_length_penalty_ranks_without_overflow(copy_model):
-    """((5 + length) / 6) ** alpha overflows a float for alpha 1000 at length 10: in logs, the
-    scores of long outputs underflow to 0 and rank first, as the penalty says they should."""
+    """((5 + length) / 6) ** alpha overflows a float for alpha 10,000 from length 2: in logs,
+    the scores of long outputs underflow to 0 and rank first, as the penalty says they should."""
     src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, EOS_ID]])
     with pytest.raises(OverflowError):
-        gnmt_penalty(10, 1000.0)
-    (hyps,) = beam_search(copy_model, src, torch.tensor([12]), beam_size=3, alpha=1000.0, nbest=3)
+        gnmt_penalty(2, 1e4)
+    (hyps,) = beam_search(copy_model, src, torch.tensor([12]), beam_size=3, alpha=1e4, nbest=3)
     assert all(h.score <= 0 for h in hyps) and len(hyps[0].tokens) >= len(hyps[-1].tokens)

@@ -53,7 +53,8 @@ def test_the_policy_refuses_numbers_out_of_its_ranges(field, value):
 def test_commands_refuse_an_option_out_of_range_in_one_line(args, option):
     result = mtrain(*args, "--run", "/nonexistent")
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and option in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"Invalid value for '{option}'" in result.stderr, result.stderr
 
 
 def test_the_config_bounds_alpha_with_the_api_range():
