@@ -77,7 +77,7 @@ def main() -> None:
         server.stop()
     if errors:
         print(f"bench_fairness: {len(errors)} errors, the first: {errors[0]}", file=sys.stderr)
-    cuts = statistics.quantiles(latencies, n=100)
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")  # never past the max
     verdict = "met" if cuts[98] <= GOAL_P99 else "missed"
     print("| light requests | p50 ms | p99 ms | max ms | big requests answered | batches |")
     print("|---:|---:|---:|---:|---:|---:|")
