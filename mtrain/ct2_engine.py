@@ -35,7 +35,7 @@ from mtrain.export import (
 )
 from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translator import Sentences, Source, Translation, stream
+from mtrain.translator import Inspection, Sentences, Source, Translation, stream
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,11 @@ class CT2Translator:
     def translate_sources(self, sources: list[Source]) -> list[list[Translation]]:
         """Each source's translations, up to `nbest`, best first."""
         return self.text.translate(sources, self._search)
+
+    def inspect(self, text: str, observe: Observer) -> Inspection:
+        """Translate one sentence alone; `observe` sees nothing: CTranslate2 shows no steps."""
+        (source,) = self.text.sources([text], warn=True)
+        return self.text.inspect(source, self._search, observe)
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         """Translate a list of sentences; each gets up to `nbest` translations, best first."""

@@ -94,6 +94,17 @@ class Sentences:
                 results[todo[j]] = [Translation(t, h.score) for t, h in zip(texts_out, hyps)]
         return results
 
+    def inspect(self, source: Source, search: Search, observe: Observer) -> Inspection:
+        """Search one sentence alone, showing `observe` every step the search shows."""
+        if not source.ids:
+            return Inspection([], [], [Translation("", 0.0)])
+        src = torch.tensor([source.ids])
+        (hyps,) = search(src, self.limits(src), observe)
+        texts_out = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+        return Inspection(
+            source.ids, hyps, [Translation(t, h.score) for t, h in zip(texts_out, hyps)]
+        )
+
 
 class TextTranslator(Protocol):
     """What the commands and the server use of a translator, whichever engine searches."""
@@ -106,6 +117,8 @@ class TextTranslator(Protocol):
     def sources(self, texts: list[str]) -> list[Source]: ...
 
     def translate_sources(self, sources: list[Source]) -> list[list[Translation]]: ...
+
+    def inspect(self, text: str, observe: Observer) -> Inspection: ...
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]: ...
 
@@ -192,14 +205,7 @@ class Translator:
 
     def inspect_source(self, source: Source, observe: Observer) -> Inspection:
         """`inspect` of a sentence encoded already."""
-        if not source.ids:
-            return Inspection([], [], [Translation("", 0.0)])
-        src = torch.tensor([source.ids], device=self.device)
-        (hyps,) = self._search(src, self.text.limits(src), observe)
-        texts_out = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-        return Inspection(
-            source.ids, hyps, [Translation(t, h.score) for t, h in zip(texts_out, hyps)]
-        )
+        return self.text.inspect(source, self._search, observe)
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         """Translate a list of sentences; each gets up to `nbest` translations, best first."""
