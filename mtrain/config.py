@@ -104,6 +104,11 @@ class TrainConfig:
     tensorboard: bool = False  # also write TensorBoard event files (the tensorboard extra)
 
 
+# The largest length penalty exponent, for config, command line and API alike: GNMT's values are
+# below 1, and a larger one has long outputs win whatever their words.
+MAX_ALPHA = 10.0
+
+
 @dataclass
 class DecodeConfig:
     batch_tokens: int = 6000  # source tokens per batch, padding included, shared by the beams
@@ -256,8 +261,10 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(
             f"data.max_len_ratio: must be 0 (off) or at least 1, got {cfg.data.max_len_ratio}"
         )
-    if cfg.decode.alpha < 0 or cfg.decode.max_len_offset < 0:
-        raise ConfigError("decode.alpha and decode.max_len_offset must not be negative")
+    if not 0 <= cfg.decode.alpha <= MAX_ALPHA:
+        raise ConfigError(f"decode.alpha: must be in [0, {MAX_ALPHA:g}], got {cfg.decode.alpha}")
+    if cfg.decode.max_len_offset < 0:
+        raise ConfigError("decode.max_len_offset must not be negative")
 
 
 def _check_train(cfg: Config) -> None:

@@ -1,5 +1,5 @@
-"""Translate with a directory `mtrain export` wrote: `Translator`'s input handling and output,
-with CTranslate2 doing the search.
+"""Translate with a directory `mtrain export` wrote: the text side `Translator` uses
+(`translator.Sentences`), with CTranslate2 doing the search.
 
 CTranslate2's searches are ours (greedy; beam search that ranks 2 × beam candidates and ends
 a sentence at `beam` finished hypotheses), but for two things, which this module bridges:
@@ -18,13 +18,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 
 from mtrain import config, runtime
 from mtrain.config import Config, DecodeConfig
-from mtrain.decode import Hypothesis, Observer, length_penalty
+from mtrain.decode import Hypothesis, Observer, log_length_penalty, normalized
 from mtrain.export import (
     FLOAT16_ON_CPU,
     MTRAIN_CONFIG,
@@ -34,7 +35,7 @@ from mtrain.export import (
 )
 from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translator import Translator
+from mtrain.translator import Inspection, Sentences, Source, Translation, stream
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ def ranking_exponent(alpha: float, max_len: int) -> float:
     return max(beta, NO_PENALTY)
 
 
-class CT2Translator(Translator):
-    """A `Translator` whose search runs in CTranslate2 on an exported model."""
+class CT2Translator:
+    """Translates with CTranslate2 on an exported model: our text side (`Sentences`), its search."""
 
     def __init__(
         self,
@@ -65,15 +66,46 @@ class CT2Translator(Translator):
         decode: DecodeConfig | None = None,
         nbest: int = 1,
     ):
-        # No PyTorch model: batches are built on the CPU and handed to CTranslate2 as pieces.
-        super().__init__(None, tokenizer, cfg, torch.device("cpu"), decode, nbest)
-        self.engine = engine
+        self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
+        self.decode, self.nbest = decode or cfg.decode, nbest
+        self.text = Sentences(tokenizer, cfg, self.decode)
         self.length_exponent = ranking_exponent(self.decode.alpha, cfg.data.max_tgt_len)
 
-    def _search(self, src: torch.Tensor, observe: Observer | None = None) -> list[list[Hypothesis]]:
+    def with_options(self, decode: DecodeConfig, nbest: int) -> CT2Translator:
+        """This translator with other search options."""
+        return CT2Translator(self.engine, self.tokenizer, self.cfg, decode, nbest)
+
+    def sources(self, texts: list[str]) -> list[Source]:
+        """Each text as the model reads it (no warning: the caller reports truncation)."""
+        return self.text.sources(texts)
+
+    def translate_sources(self, sources: list[Source]) -> list[list[Translation]]:
+        """Each source's translations, up to `nbest`, best first."""
+        return self.text.translate(sources, self._search)
+
+    def inspect(self, text: str, observe: Observer) -> Inspection:
+        """Translate one sentence alone; `observe` sees nothing: CTranslate2 shows no steps."""
+        (source,) = self.text.sources([text], warn=True)
+        return self.text.inspect(source, self._search, observe)
+
+    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
+        """Translate a list of sentences; each gets up to `nbest` translations, best first."""
+        return self.translate_sources(self.text.sources(texts, warn=True))
+
+    def translate(self, texts: list[str]) -> list[str]:
+        """Translate a list of sentences to their best translations, in input order."""
+        return [nbest[0].text for nbest in self.translate_nbest(texts)]
+
+    def stream(self, lines: Iterable[str], chunk_lines: int = 2000) -> Iterator[list[Translation]]:
+        """Translate lines in chunks, so memory stays bounded however long the input is."""
+        return stream(self, lines, chunk_lines)
+
+    def _search(
+        self, src: torch.Tensor, limits: torch.Tensor, observe: Observer | None = None
+    ) -> list[list[Hypothesis]]:
         """Search a padded (B, S) batch; `observe` sees nothing: CTranslate2 shows no steps."""
         d = self.decode
-        limits = self._limits(src).tolist()
+        limits = limits.tolist()
         # Without the final </s>: the exported config has CTranslate2 add it.
         sources = [[t for t in row if t != PAD_ID][:-1] for row in src.tolist()]
         # Beam search depends on the limit: one call per limit. Greedy does not (its first n
@@ -118,8 +150,10 @@ class CT2Translator(Translator):
                 hyps.append(Hypothesis(body, None))
                 continue
             length = len(ids)  # the steps taken, </s> included
-            log_prob = scores[i] * length**self.length_exponent
-            hyps.append(Hypothesis(body, log_prob / length_penalty(length, self.decode.alpha)))
+            # CTranslate2's score times length ** β is the log-probability; in logs throughout
+            theirs = -self.length_exponent * math.log(length)
+            ours = log_length_penalty(length, self.decode.alpha)
+            hyps.append(Hypothesis(body, normalized(scores[i], theirs + ours)))
         return sorted(hyps, key=lambda h: -h.score)[: self.nbest] if scores else hyps
 
 

@@ -7,6 +7,7 @@ Without one they do no extra work.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -109,9 +110,17 @@ def length_limits(src: torch.Tensor, ratio: float, offset: int, cap: int) -> tor
     return (src_len * ratio + offset).ceil().clamp(min=1, max=cap).long()
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's length normalisation (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
-    return ((5 + length) / 6) ** alpha
+def log_length_penalty(length: int, alpha: float) -> float:
+    """The log of GNMT's length normalisation (Wu et al., 2016), ((5 + length) / 6) ** alpha.
+
+    In logs because the penalty itself overflows a float for a large alpha on a long output.
+    """
+    return alpha * math.log((5 + length) / 6)
+
+
+def normalized(log_prob: float, log_penalty: float) -> float:
+    """A hypothesis' score: its log-probability divided by the length penalty, given as a log."""
+    return log_prob * math.exp(-log_penalty)  # a huge penalty underflows to a score of 0
 
 
 @torch.inference_mode()
@@ -164,7 +173,7 @@ def greedy(
 
 
 def _fates(
-    ranked: Iterable[tuple[float, int, int]], k: int, at_limit: bool, penalty: float
+    ranked: Iterable[tuple[float, int, int]], k: int, at_limit: bool, log_penalty: float
 ) -> list[Candidate]:
     """A sentence's best extensions (log-probability, origin, token), best first, with fates.
 
@@ -177,7 +186,8 @@ def _fates(
         if log_prob == float("-inf") or alive == k:
             break
         if token == EOS_ID or at_limit:
-            final = log_prob / penalty if rank < k else None  # a lower </s> is never chosen
+            # a lower </s> is never chosen
+            final = normalized(log_prob, log_penalty) if rank < k else None
             fate = "pruned" if final is None else "finished"
             fates.append(Candidate(origin, token, log_prob, fate, final))
         else:
@@ -244,7 +254,7 @@ def beam_search(
         fates, going, beams, extends = [], [], [], []  # the last three: for what goes on
         for i, (sentence, row_ranked) in enumerate(zip(rows, ranked)):
             at_limit = step >= limits[sentence]
-            fates.append(_fates(zip(*row_ranked), k, at_limit, length_penalty(step, alpha)))
+            fates.append(_fates(zip(*row_ranked), k, at_limit, log_length_penalty(step, alpha)))
             finished[sentence] += _finished(fates[i], tokens[i * width : (i + 1) * width])
             if not (at_limit or len(finished[sentence]) >= k):
                 beam = _next_beam([c for c in fates[i] if c.fate == "alive"], k)

@@ -8,7 +8,6 @@ from mtrain.decode import (
     beam_search,
     greedy,
     length_limits,
-    length_penalty,
 )
 from mtrain.model import Transformer
 from mtrain.runtime import quantize_int8
@@ -17,6 +16,11 @@ from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from .synthetic import model_ending_early, small_model
 
 VOCAB = 20
+
+
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """GNMT's length normalisation as the paper writes it, for reference."""
+    return ((5 + length) / 6) ** alpha
 
 
 def random_model(seed=0, norm="pre") -> Transformer:
@@ -233,7 +237,7 @@ def test_beam_scores_are_log_probabilities(copy_model):
     # over the tokens a search may output
     log_probs = torch.log_softmax(allowed(copy_model.decode(tgt_in, memory, src_mask)), -1)
     total = log_probs.gather(-1, tgt_out[..., None]).sum().item()
-    assert hyp.score == pytest.approx(total / length_penalty(len(hyp.tokens) + 1, 0.6), abs=1e-4)
+    assert hyp.score == pytest.approx(total / gnmt_penalty(len(hyp.tokens) + 1, 0.6), abs=1e-4)
 
 
 def test_pad_and_start_symbol_are_never_output_and_the_cache_still_agrees():
@@ -270,7 +274,7 @@ def reference_beam(model, src_row, limit, k, alpha) -> list[tuple[list[int], flo
             if t == EOS_ID or step == limit:
                 if rank < k:
                     body = tokens if t == EOS_ID else [*tokens, t]
-                    finished.append((body, log_prob / length_penalty(step, alpha)))
+                    finished.append((body, log_prob / gnmt_penalty(step, alpha)))
             else:
                 live.append(([*tokens, t], log_prob))
         if step == limit or len(finished) >= k:
@@ -291,3 +295,13 @@ def test_beam_search_that_drops_finished_sentences_equals_a_textbook_beam():
         expected = reference_beam(model, src[i], int(limits[i]), 3, 0.6)[:3]
         assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected]
         assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
+
+
+def test_a_huge_length_penalty_ranks_without_overflow(copy_model):
+    """((5 + length) / 6) ** alpha overflows a float for alpha 10,000 from length 2: in logs,
+    the scores of long outputs underflow to 0 and rank first, as the penalty says they should."""
+    src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, EOS_ID]])
+    with pytest.raises(OverflowError):
+        gnmt_penalty(2, 1e4)
+    (hyps,) = beam_search(copy_model, src, torch.tensor([12]), beam_size=3, alpha=1e4, nbest=3)
+    assert all(h.score <= 0 for h in hyps) and len(hyps[0].tokens) >= len(hyps[-1].tokens)

@@ -120,10 +120,10 @@ def test_requests_queued_during_a_batch_wait_for_the_clients_it_answered():
 def test_a_lone_client_never_waits_for_company():
     """Its one answered request is back as soon as it sends again: max_wait is never waited."""
     model, answers = Model(), Answers()
-    batcher = Batcher(model, Policy(max_wait=600.0))
+    batcher = Batcher(model, Policy(max_wait=60.0))
     for i in range(3):
         batcher.submit(job([f"s{i}"], GREEDY, answers, f"s{i}"))
-        answers.wait(i + 1)  # within 30 s, where a wait of max_wait would take 600
+        answers.wait(i + 1)  # within 30 s, where a wait of max_wait would take 60
     assert [t for t, _ in model.batches] == [["s0"], ["s1"], ["s2"]]
     batcher.close()
 
@@ -131,7 +131,7 @@ def test_a_lone_client_never_waits_for_company():
 def test_a_client_that_sends_again_as_its_answer_goes_is_counted():
     """The worker counts returning requests from before the first answer goes out."""
     model, answers = Model(), Answers()
-    batcher = Batcher(model, Policy(max_wait=600.0))
+    batcher = Batcher(model, Policy(max_wait=60.0))
 
     def answered_and_sends_again(result):  # runs on the worker thread, before it moves on
         batcher.submit(job(["next"], GREEDY, answers, "next"))
@@ -177,8 +177,9 @@ def test_a_huge_request_does_not_starve_a_small_one():
 
 
 def test_a_full_queue_refuses_and_close_fails_what_waits():
-    batcher, model, answers = held_batcher(Policy(max_queue=4))
-    batcher.submit(job(["a", "b", "c"], GREEDY, answers, "fits"))
+    size = Policy.range("max_queue")[0]  # the smallest queue: one largest request
+    batcher, model, answers = held_batcher(Policy(max_queue=size))
+    batcher.submit(job(["a"] * (size - 1), GREEDY, answers, "fits"))
     with pytest.raises(QueueFull):
         batcher.submit(job(["d", "e"], GREEDY, answers, "over"))
     batcher.submit(job(["d"], GREEDY, answers, "last"))

@@ -5,11 +5,17 @@ import re
 import pytest
 import torch
 
-from mtrain.decode import allowed, beam_search, greedy, length_penalty
+from mtrain.decode import allowed, beam_search, greedy
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtrain.trace import Tracer, format_trace
 
 from .synthetic import model_ending_early, small_model
+
+
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """GNMT's length normalisation as the paper writes it, for reference."""
+    return ((5 + length) / 6) ** alpha
+
 
 VOCAB = 20
 
@@ -72,7 +78,7 @@ def test_beam_trace_shows_the_log_probabilities_of_a_full_forward_pass(eos_bias)
                 own = c.log_prob - step.log_probs[c.origin]
                 assert own == pytest.approx(full[-1, c.token].item(), abs=1e-4)
                 if c.fate == "finished":
-                    assert c.score == pytest.approx(c.log_prob / length_penalty(step.step, alpha))
+                    assert c.score == pytest.approx(c.log_prob / gnmt_penalty(step.step, alpha))
                     finished.append(c.score)
         assert hyps[0].score == max(finished)
 

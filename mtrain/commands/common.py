@@ -17,9 +17,9 @@ from typing import Annotated
 import typer
 
 from mtrain import config, corpus, ct2_engine, runtime
-from mtrain.config import Config, DecodeConfig
+from mtrain.config import MAX_ALPHA, Config, DecodeConfig
 from mtrain.run_dir import CONFIG_FILE, latest_run, load_run
-from mtrain.translator import Translator
+from mtrain.translator import TextTranslator, Translator
 
 RUNS_ROOT = Path("runs")
 
@@ -49,7 +49,9 @@ BeamOption = Annotated[
 
 AlphaOption = Annotated[
     float | None,
-    typer.Option(min=0.0, help="Length penalty exponent for beam search. Default: the run's."),
+    typer.Option(
+        min=0.0, max=MAX_ALPHA, help="Length penalty exponent for beam search. Default: the run's."
+    ),
 ]
 
 
@@ -197,7 +199,7 @@ def load_ct2_translator(
     alpha: float | None,
     quantize: Quantize,
     nbest: int = 1,
-) -> tuple[Path, Config, Translator]:
+) -> tuple[Path, Config, TextTranslator]:
     """Load a directory written by `mtrain export` into a Translator that CTranslate2 drives."""
     if model_dir is None:
         fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")

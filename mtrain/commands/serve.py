@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import urllib.parse
 from pathlib import Path
@@ -25,7 +26,7 @@ from mtrain.commands.common import (
 from mtrain.commands.translate import Engine, EngineOption
 from mtrain.files import stamp
 from mtrain.run_dir import BEST, resolve
-from mtrain.serve.batcher import Policy
+from mtrain.serve.batcher import Policy, PolicyError
 from mtrain.serve.edge import (
     GRACE_SECONDS,
     READ_TIMEOUT,
@@ -53,18 +54,32 @@ BatchingOption = Annotated[
         help="Decode concurrent requests together (--no-batching: one request at a time).",
     ),
 ]
+WAIT_S, QUEUE, DEADLINE = (Policy.range(name) for name in ("max_wait", "max_queue", "deadline"))
 WaitOption = Annotated[
     float,
     typer.Option(
         "--wait-ms",
-        min=0.0,
+        min=WAIT_S[0] * 1000,
+        max=WAIT_S[1] * 1000,
         help="The most a batch waits for the clients the last one answered to send again.",
     ),
 ]
 QueueOption = Annotated[
     int,
     typer.Option(
-        "--queue", min=1, help="Sentences that may wait; past that, requests get 503 (busy)."
+        "--queue",
+        min=QUEUE[0],
+        max=QUEUE[1],
+        help="Sentences that may wait; past that, requests get 503 (busy).",
+    ),
+]
+DeadlineOption = Annotated[
+    float,
+    typer.Option(
+        "--deadline",
+        min=DEADLINE[0],
+        max=DEADLINE[1],
+        help="Seconds a request may take; past that it is dropped: 503 if it never started, 504.",
     ),
 ]
 
@@ -160,6 +175,7 @@ def serve(
     max_connections: MaxConnectionsOption = None,
     token_file: TokenFileOption = None,
     allow_origin: AllowOriginOption = None,
+    deadline: DeadlineOption = Policy.deadline,
 ) -> None:
     """Serve a model over HTTP until Ctrl-C or SIGTERM: a JSON API and a page at /.
 
@@ -181,8 +197,10 @@ def serve(
 
     setup_logging()
     limits = Limits()
-    if queue < limits.max_sentences:
-        fail(f"--queue {queue}: at least {limits.max_sentences}, the most one request may send")
+    try:  # NaN passes the options' ranges, not the policy's
+        policy = Policy(batching, wait_ms / 1000, Policy.batch_tokens, queue, deadline)
+    except PolicyError as e:
+        fail(f"a serve option out of range: {e}")
     token = read_token(token_file)
     if allow_origin is not None:
         allow_origin = check_origin(allow_origin)
@@ -213,7 +231,7 @@ def serve(
         run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
         int8 = quantize is Quantize.int8
         watcher, step = ModelWatcher.after_load(run_dir / which, translator, int8, before)
-    policy = Policy(batching, wait_ms / 1000, cfg.decode.batch_tokens, queue)
+    policy = dataclasses.replace(policy, batch_tokens=cfg.decode.batch_tokens)
     service = Service(translator, run_dir, engine.value, which, step)
     address = server.browsable_url(sock)
     bound, port = sock.getsockname()[:2]

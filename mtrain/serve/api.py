@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from mtrain.config import DecodeConfig
+from mtrain.config import MAX_ALPHA, DecodeConfig
 
 
 class ApiError(Exception):
@@ -52,6 +51,24 @@ class ExplainRequest:
 
 EXAMPLE = 'send a JSON object such as {"text": "我是谁"}'
 
+# Integers longer than this are kept as their digit count: no field takes one, and Python
+# refuses to parse more than 4,300 digits.
+MAX_DIGITS = 40
+
+
+@dataclass(frozen=True)
+class Huge:
+    """An integer of the body too long to be any field's value."""
+
+    digits: int
+
+    def __str__(self) -> str:
+        return f"a {self.digits}-digit integer"
+
+
+def _parse_int(text: str) -> int | Huge:
+    return int(text) if len(text) <= MAX_DIGITS else Huge(len(text.lstrip("-")))
+
 
 def parse_body(body: bytes) -> dict[str, Any]:
     """The JSON object a request body holds, or an ApiError saying what is wrong with it."""
@@ -62,7 +79,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as e:
         raise ApiError(400, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
@@ -80,18 +97,24 @@ def _check_fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
         raise ApiError(422, f"missing field 'text'; {EXAMPLE}")
 
 
+def _shown(value: Any) -> str:
+    """A client's value in a one-line message: JSON, cut short."""
+    text = str(value) if isinstance(value, Huge) else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _integer(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
     value = body.get(key, default)
     if type(value) is not int:  # bool is an int subclass: refused too
-        raise ApiError(422, f"{key!r} must be an integer, not {json.dumps(value)}")
+        raise ApiError(422, f"{key!r} must be an integer, not {_shown(value)}")
     if not low <= value <= high:
-        raise ApiError(422, f"{key!r} must be between {low} and {high}, not {value}")
+        raise ApiError(422, f"{key!r} must be between {low} and {high}, not {_shown(value)}")
     return value
 
 
 def _sentence(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise ApiError(422, f"{where} must be a string, not {json.dumps(value)[:40]}")
+        raise ApiError(422, f"{where} must be a string, not {_shown(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate such as "\ud800": JSON allows it, UTF-8 not
@@ -105,8 +128,10 @@ def _options(body: dict[str, Any], decode: DecodeConfig, limits: Limits) -> Sear
     if nbest > beam:
         raise ApiError(422, f"nbest {nbest} needs beam {nbest} or more")
     alpha = body.get("alpha", decode.alpha)
-    if type(alpha) not in (int, float) or not math.isfinite(alpha) or alpha < 0:
-        raise ApiError(422, f"'alpha' must be a finite number, 0 or more, not {json.dumps(alpha)}")
+    if type(alpha) not in (int, float) or not 0 <= alpha <= MAX_ALPHA:  # NaN and inf too
+        raise ApiError(
+            422, f"'alpha' must be a finite number from 0 to {MAX_ALPHA:g}, not {_shown(alpha)}"
+        )
     return SearchOptions(beam, float(alpha), nbest)
 
 

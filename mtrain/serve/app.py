@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
@@ -21,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 from mtrain.figures.common import CJK_FONT
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits
-from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo
+from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo, WorkerDown
 from mtrain.serve.reload import Loaded, ModelWatcher
 from mtrain.serve.service import Service
 from mtrain.serve.training_view import TrainingView
@@ -65,6 +66,10 @@ def endpoint(handler: Handler) -> Handler:
             return error(503, "server shutting down")
         except ClientDisconnect:  # it hung up before its body was in: no one to answer, no bug
             return error(400, "client disconnected")
+        except WorkerDown as e:
+            return error(503, f"server down: {e}")
+        except ClientGone:  # nobody reads this answer
+            return error(499, "the client closed the connection")
         except Exception as e:
             log.error(
                 "mtrain serve: %s %s failed: %s: %s",
@@ -76,6 +81,16 @@ def endpoint(handler: Handler) -> Handler:
             return error(500, f"internal error: {type(e).__name__}")
 
     return wrapped
+
+
+class ClientGone(Exception):
+    """The client hung up before its answer was ready."""
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client has hung up; its body must have been read already."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -107,21 +122,45 @@ class Server:
         self.watcher = watcher
         self.logs = TrainingView(service.run)
 
-    async def _submit(self, make: Callable[[Callable[[Any], None]], Job | Solo]) -> Any:
-        """Queue the job `make` builds around a completion callback; await its result."""
+    async def _submit(
+        self, request: Request, make: Callable[[Callable[[Any], None]], Job | Solo]
+    ) -> Any:
+        """Queue the job `make` builds around a completion callback; await its result.
+
+        The job is cancelled if the client hangs up (ClientGone) or past the policy's deadline:
+        503 if it never started, 504 if it did.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
         def settle(result: Any) -> None:
-            if future.done():  # the client went away
+            if future.done():  # cancelled
                 return
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
 
-        self.batcher.submit(make(lambda result: loop.call_soon_threadsafe(settle, result)))
-        return await future
+        job = make(lambda result: loop.call_soon_threadsafe(settle, result))
+        self.batcher.submit(job)
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait(
+                (future, gone), timeout=self.policy.deadline, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            gone.cancel()
+            if not future.done():  # hung up, too late, or the server stops: drop the work
+                self.batcher.cancel(job)
+                future.cancel()
+        if not future.cancelled():
+            return future.result()
+        if gone.done() and not gone.cancelled():
+            raise ClientGone
+        limit = f"{self.policy.deadline:g} s"
+        if not job.taken:
+            raise ApiError(503, f"server busy: the request waited {limit} without starting")
+        raise ApiError(504, f"the request took more than {limit}; send fewer sentences")
 
     async def _body(self, request: Request) -> dict[str, Any]:
         return api.parse_body(await read_body(request, self.limits.max_body))
@@ -131,9 +170,9 @@ class Server:
         req = api.translate_request(
             await self._body(request), self.service.base.decode, self.limits
         )
-        sources = self.service.sources(req.texts)
-        tokens = [s.tokens for s in sources]
-        results = await self._submit(lambda done: Job(req.options, req.texts, tokens, done))
+        sources = await run_in_threadpool(self.service.sources, req.texts)
+        tokens = [len(s.ids) for s in sources]
+        results = await self._submit(request, lambda done: Job(req.options, sources, tokens, done))
         cut = self.service.cfg.data.max_src_len
         items = []
         for decoded, source in zip(results, sources):
@@ -161,12 +200,12 @@ class Server:
         if not self.service.can_explain:
             raise ApiError(501, "/explain needs --engine mtrain: CTranslate2 shows no steps")
         req = api.explain_request(await self._body(request), self.service.base.decode, self.limits)
-        (source,) = self.service.sources([req.text])
+        (source,) = await run_in_threadpool(self.service.sources, [req.text])
 
         def run() -> dict[str, Any]:
-            return self.service.explain(req.text, req.options, req.top_k)
+            return self.service.explain(req.text, source, req.options, req.top_k)
 
-        answer = await self._submit(lambda done: Solo(run, done))
+        answer = await self._submit(request, lambda done: Solo(run, done))
         cut = self.service.cfg.data.max_src_len
         answer["warnings"] = [f"truncated to {cut} tokens"] if source.truncated else []
         answer["options"] = vars(req.options)
@@ -175,7 +214,11 @@ class Server:
     @endpoint
     async def health(self, request: Request) -> Response:
         b = self.batcher
-        return JSONUnicode({"status": "ok", "queued": b.waiting, "batches": b.batches})
+        counts = {"queued": b.waiting, "batches": b.batches, "decoded": b.decoded}
+        if not b.alive:  # nothing would ever be answered
+            why = b.stopped or "the worker thread is not running"
+            return JSONUnicode({"status": "down", "error": why, **counts}, 503)
+        return JSONUnicode({"status": "ok", **counts})
 
     @endpoint
     async def model(self, request: Request) -> Response:
@@ -208,7 +251,7 @@ class Server:
             self.batcher.submit(Solo(lambda: self.service.adopt(loaded), lambda result: None))
         except QueueFull:
             return False
-        except Closed:
+        except (Closed, WorkerDown):  # no batch will run it
             pass
         return True
 

@@ -1,24 +1,27 @@
 """Dynamic batching: sentences of concurrent requests decoded together on one worker thread.
 
-Requests wait in a bounded queue. The worker takes the oldest request's search options and
-gathers, one sentence per request in turn, the sentences of every waiting request with the same
-options until the token budget is spent.
+Requests wait in a bounded queue and take turns: the worker takes the request at the head of the
+queue and gathers, one sentence per request in turn, the sentences of every waiting request with
+the same search options until the token budget is spent; the requests it took from that still
+have sentences go to the back of the queue. A one-sentence request therefore waits at most one
+batch behind a request of hundreds of sentences, whatever the options of either.
 
 Before a batch it waits for company: for as many new requests as the last batch answered,
-at most `max_wait` after the oldest arrived or after the last batch's answers went back,
+at most `max_wait` after the head request arrived or after the last batch's answers went back,
 whichever is later. On a busy server the clients a batch has just answered send their next
 sentences within milliseconds; waiting for them lets them share the next batch with those that
 queued during this one, where they would otherwise make a small batch of their own after it
 (16 clients: 14.3 sentences a batch, against 7.7 in batches of 10 and 6 in turn). A lone client
 never waits: its one answered request has come back as soon as it sends again.
 
-Taking sentences in turn means a request of hundreds of sentences is decoded over several
-batches while a one-sentence request that arrives behind it rides in the next one. All model
-work, solo jobs (/explain) included, runs on the one thread: the model is not shared.
+All model work, solo jobs (/explain) included, runs on the one thread: the model is not shared.
+An exception in that thread fails the requests in hand and the worker goes on; a request whose
+client has gone is cancelled, and its sentences not taken yet are never decoded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtrain.serve.api import SearchOptions
+from mtrain.serve.api import Limits, SearchOptions
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +45,30 @@ class Closed(Exception):
     """The batcher is shutting down and takes no more work."""
 
 
+class WorkerDown(Exception):
+    """The worker thread has stopped: nothing queued would ever be decoded."""
+
+
+class PolicyError(ValueError):
+    """A batching option out of its range."""
+
+
 @dataclass(eq=False)  # a job is itself: queue removal is by identity
 class Job:
     """One request's sentences, waiting for their translations."""
 
     options: SearchOptions
-    texts: list[str]
+    sentences: list[Any]  # what `translate` takes, one item a sentence
     tokens: list[int]  # each sentence's source length, for the budget
     done: Done
     arrived: float = field(default_factory=time.monotonic)
     results: list[Any] = field(init=False)
     taken: int = 0  # sentences handed to the worker so far, in order
-    left: int = field(init=False)  # sentences not translated yet
+    left: int = field(init=False)  # sentences not translated yet; -1 once failed or cancelled
 
     def __post_init__(self) -> None:
-        self.results = [None] * len(self.texts)
-        self.left = len(self.texts)
+        self.results = [None] * len(self.sentences)
+        self.left = len(self.sentences)
 
 
 @dataclass(eq=False)
@@ -67,20 +78,41 @@ class Solo:
     fn: Callable[[], Any]
     done: Done
     arrived: float = field(default_factory=time.monotonic)
+    taken: int = 0  # 1 once the worker runs it
 
 
-@dataclass
+def _bounded(default: float, low: float, high: float) -> Any:
+    return field(default=default, metadata={"range": (low, high)})
+
+
+@dataclass(frozen=True)
 class Policy:
-    """How requests are batched."""
+    """How requests are batched and how long they may wait: each number within its range,
+    the one place `mtrain serve`'s options take their bounds from."""
 
     batching: bool = True  # False: each request decoded on its own
-    max_wait: float = 0.02  # most seconds the oldest request waits for company (see the top)
-    batch_tokens: int = 4000  # source tokens in one call of the translator
-    max_queue: int = 1024  # sentences waiting, beyond which requests are refused
+    max_wait: float = _bounded(0.02, 0.0, 60.0)  # seconds a batch waits for company (see the top)
+    batch_tokens: int = _bounded(4000, 1, 1 << 20)  # source tokens in one call of the translator
+    # sentences waiting, beyond which requests are refused; one request must fit
+    max_queue: int = _bounded(1024, Limits.max_sentences, 1 << 20)
+    deadline: float = _bounded(300.0, 1.0, 86400.0)  # seconds a request waits for its answer
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if "range" in f.metadata:
+                low, high = f.metadata["range"]
+                value = getattr(self, f.name)
+                if not low <= value <= high:  # NaN too
+                    raise PolicyError(f"{f.name} must be between {low} and {high}, not {value}")
+
+    @classmethod
+    def range(cls, name: str) -> tuple[float, float]:
+        """The (lowest, highest) value the option `name` may take."""
+        return next(f.metadata["range"] for f in dataclasses.fields(cls) if f.name == name)
 
 
-# translate(texts, options) -> one result per text, in order
-Translate = Callable[[list[str], SearchOptions], list[Any]]
+# translate(sentences, options) -> one result per sentence, in order
+Translate = Callable[[list[Any], SearchOptions], list[Any]]
 
 
 class Batcher:
@@ -92,25 +124,49 @@ class Batcher:
         self.waiting = 0  # sentences queued and not taken yet
         self.closed = False
         self.batches = 0  # calls of `translate` so far
+        self.decoded = 0  # sentences handed to `translate` so far
         self.free_since = 0.0  # when the worker last handed back a batch's answers
         self.answered = 0  # requests that batch answered in full
         self.returned = 0  # requests queued since: the company expected is `answered`
+        self.in_hand: list[Job | Solo] = []  # what the worker works on: failed if it raises
+        self.stopped: str | None = None  # why the worker thread ended, if it did
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._work, name="mtrain-batcher", daemon=True)
         self.thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
     def submit(self, job: Job | Solo) -> None:
-        """Queue a job; its `done` is called on the worker thread. QueueFull, Closed if not."""
-        size = len(job.texts) if isinstance(job, Job) else 1
+        """Queue a job; its `done` is called on the worker thread. QueueFull, Closed,
+        WorkerDown if not."""
+        size = len(job.sentences) if isinstance(job, Job) else 1
         with self.cond:
             if self.closed:
                 raise Closed
+            if not self.alive:
+                raise WorkerDown(self.stopped or "the worker thread has stopped")
             if self.waiting and self.waiting + size > self.policy.max_queue:
                 raise QueueFull
             self.pending.append(job)
             self.waiting += size
             self.returned += isinstance(job, Job)
             self.cond.notify()
+
+    def cancel(self, job: Job | Solo) -> None:
+        """Forget a job whose answer nobody waits for: what it has not handed over yet is
+        never decoded, and its `done` is not called."""
+        with self.cond:
+            self._drop(job)
+
+    def _drop(self, job: Job | Solo) -> None:
+        """Take a job out of the queue and mark it over (holding the lock)."""
+        if job in self.pending:
+            self.pending.remove(job)
+            self.waiting -= (len(job.sentences) if isinstance(job, Job) else 1) - job.taken
+        if isinstance(job, Job):
+            job.left = -1
 
     def close(self) -> None:
         """Refuse new work, fail what is still queued, let the batch in hand finish."""
@@ -119,50 +175,99 @@ class Batcher:
             dropped, self.pending, self.waiting = list(self.pending), deque(), 0
             self.cond.notify()
         for job in dropped:
-            job.done(Closed())
+            self._settle(job.done, Closed())
         self.thread.join()
 
     def _work(self) -> None:
-        while (work := self._next()) is not None:
-            if isinstance(work, Solo):
-                self._finish(work.done, work.fn)
-            else:
-                self._run(*work)
+        """Decode until closed. An exception fails the jobs in hand and the worker goes on;
+        anything that ends the thread is recorded for /health and fails what waits."""
+        try:
+            while True:
+                try:
+                    work = self._next()
+                    if work is None:
+                        return
+                    if isinstance(work, Solo):
+                        self._finish(work.done, work.fn)
+                    else:
+                        self._run(*work)
+                except Exception as e:
+                    log.error("mtrain serve: decoding failed: %s: %s", type(e).__name__, e)
+                    self._fail(e)
+        except BaseException as e:
+            self.stopped = f"the worker thread stopped: {type(e).__name__}: {e}"
+            log.error("mtrain serve: %s", self.stopped)
+            with self.cond:
+                dropped = list(dict.fromkeys([*self.in_hand, *self.pending]))
+                self.pending, self.waiting = deque(), 0
+            for job in dropped:
+                self._settle(job.done, WorkerDown(self.stopped))
+
+    def _fail(self, error: Exception) -> None:
+        """Fail every job in hand with `error`."""
+        with self.cond:
+            failed = [j for j in self.in_hand if not (isinstance(j, Job) and j.left < 0)]
+            for job in failed:
+                self._drop(job)
+            self.in_hand = []
+        self._answer([(job, error) for job in failed])
 
     @staticmethod
-    def _finish(done: Done, fn: Callable[[], Any]) -> None:
+    def _settle(done: Done, result: Any) -> None:
+        """Hand a result over; a callback that fails costs one log line, not the worker."""
+        try:
+            done(result)
+        except Exception as e:
+            log.error("mtrain serve: answering failed: %s: %s", type(e).__name__, e)
+
+    def _finish(self, done: Done, fn: Callable[[], Any]) -> None:
         try:
             result = fn()
         except Exception as e:  # handed to the request, which answers 500
             result = e
-        done(result)
+        self.in_hand = []
+        self._settle(done, result)
 
     def _next(self) -> Solo | tuple[SearchOptions, list[tuple[Job, int]]] | None:
         """The next work: a solo job, or a batch of (job, sentence index); None once closed."""
         with self.cond:
-            while not self.pending and not self.closed:
-                self.cond.wait()
-            if self.closed:
-                return None
-            head = self.pending[0]
-            if isinstance(head, Solo):
-                self.pending.popleft()
-                self.waiting -= 1
-                return head
-            if self.policy.batching:
-                deadline = max(head.arrived, self.free_since) + self.policy.max_wait
-                while (
-                    not self.closed
-                    and self.returned < self.answered
-                    and self._tokens(head) < self.policy.batch_tokens
-                ):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
+            while True:
+                while not self.pending and not self.closed:
+                    self.cond.wait()
                 if self.closed:
                     return None
-            return head.options, self._take(head)
+                head = self.pending[0]
+                self.in_hand = [head]
+                if isinstance(head, Solo):
+                    self.pending.popleft()
+                    self.waiting -= 1
+                    head.taken = 1
+                    return head
+                if self.policy.batching:
+                    self._wait_for_company(head)
+                    if self.closed:
+                        return None
+                if head in self.pending:  # else it was cancelled while it waited: start again
+                    return head.options, self._take(head)
+
+    def _wait_for_company(self, head: Job) -> None:
+        """Wait (holding the lock) for the clients the last batch answered, up to max_wait."""
+        deadline = max(head.arrived, self.free_since) + self.policy.max_wait
+        while (
+            not self.closed
+            and self.returned < self.answered
+            and head in self.pending
+            and self._tokens(head) < self._budget(head)
+        ):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.cond.wait(left)
+
+    def _budget(self, head: Job) -> int:
+        """Source tokens in head's batch: the policy's, shared by the beams, as the translator
+        shares them, so that a batch at beam 16 costs what one greedy batch does."""
+        return max(self.policy.batch_tokens // head.options.beam, 1)
 
     def _company(self, head: Job) -> list[Job]:
         """The queued jobs that may share head's batch: head first."""
@@ -175,50 +280,48 @@ class Batcher:
         return sum(sum(j.tokens[j.taken :]) for j in self._company(head))
 
     def _take(self, head: Job) -> list[tuple[Job, int]]:
-        """Sentences for one batch, one per job in turn, within the token budget (at least one)."""
-        jobs, batch, tokens = self._company(head), [], 0
+        """Sentences for one batch, one per job in turn, within the token budget (at least one).
+
+        The jobs taken from go to the back of the queue: requests take turns, whatever their
+        options.
+        """
+        jobs, batch, tokens, budget = self._company(head), [], 0, self._budget(head)
         while jobs:
             for job in list(jobs):
                 cost = job.tokens[job.taken]
-                if batch and tokens + cost > self.policy.batch_tokens:
+                if batch and tokens + cost > budget:
                     jobs = []
                     break
                 batch.append((job, job.taken))
                 tokens += cost
                 job.taken += 1
-                if job.taken == len(job.texts):
+                if job.taken == len(job.sentences):
                     jobs.remove(job)
-                    self.pending.remove(job)
+        self.in_hand = list(dict.fromkeys(job for job, _ in batch))
+        for job in self.in_hand:
+            self.pending.remove(job)
+            if job.taken < len(job.sentences):
+                self.pending.append(job)
         self.waiting -= len(batch)
+        self.decoded += len(batch)
         return batch
 
     def _run(self, options: SearchOptions, batch: list[tuple[Job, int]]) -> None:
-        texts = [job.texts[i] for job, i in batch]
-        try:
-            results = self.translate(texts, options)
-        except Exception as e:  # every request in the batch answers 500
-            log.error("mtrain serve: decoding failed: %s: %s", type(e).__name__, e)
-            failed = list({id(job): job for job, _ in batch}.values())
-            with self.cond:
-                for job in failed:
-                    if job in self.pending:
-                        self.pending.remove(job)
-                        self.waiting -= len(job.texts) - job.taken
-                    job.left = -1
-            self._answer([(job, e) for job in failed])
-            return
+        results = self.translate([job.sentences[i] for job, i in batch], options)
         self.batches += 1
         finished = []
-        for (job, i), result in zip(batch, results):
-            if job.left < 0:
-                continue
-            job.results[i] = result
-            job.left -= 1
-            if job.left == 0:
-                finished.append((job, job.results))
+        with self.cond:  # a job cancelled meanwhile is not answered
+            for (job, i), result in zip(batch, results, strict=True):
+                if job.left < 0:
+                    continue
+                job.results[i] = result
+                job.left -= 1
+                if job.left == 0:
+                    finished.append((job, job.results))
+            self.in_hand = []
         self._answer(finished)
 
-    def _answer(self, answers: list[tuple[Job, Any]]) -> None:
+    def _answer(self, answers: list[tuple[Job | Solo, Any]]) -> None:
         """Hand each finished job its result, and start counting the requests that come back.
 
         The count starts before the first answer goes: a client may send again at once.
@@ -226,4 +329,4 @@ class Batcher:
         with self.cond:
             self.free_since, self.answered, self.returned = time.monotonic(), len(answers), 0
         for job, result in answers:
-            job.done(result)
+            self._settle(job.done, result)

@@ -10,7 +10,7 @@ import torch
 from mtrain.attention_recorder import AttentionMaps, AttentionRecorder
 from mtrain.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from mtrain.trace import Tracer, TraceStep
-from mtrain.translator import Translator
+from mtrain.translator import Source, Translator
 
 
 def _weights(layers: list[torch.Tensor]) -> list[list[list[list[float]]]]:
@@ -72,11 +72,11 @@ def _attention(maps: AttentionMaps, src: list[int], tokens: list[int], tokenizer
     }
 
 
-def explain(translator: Translator, text: str, top_k: int) -> dict[str, Any]:
-    """Translate `text` alone, recording every step and every attention weight."""
+def explain(translator: Translator, text: str, source: Source, top_k: int) -> dict[str, Any]:
+    """Translate `text` (encoded as `source`) alone, recording every step and attention weight."""
     tracer, recorder = Tracer(top_k), AttentionRecorder(translator.model)
     with recorder:
-        result = translator.inspect(text, lambda event: (tracer(event), recorder(event)))
+        result = translator.inspect_source(source, lambda e: (tracer(e), recorder(e)))
     tokenizer = translator.tokenizer
     translations = [{"text": t.text, "score": t.score} for t in result.translations]
     answer = {

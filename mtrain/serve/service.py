@@ -9,21 +9,11 @@ from typing import Any
 
 from mtrain import model_map
 from mtrain.config import Config
-from mtrain.ct2_engine import CT2Translator
 from mtrain.run_dir import build_model
 from mtrain.serve import explain
 from mtrain.serve.api import SearchOptions
 from mtrain.serve.reload import Loaded
-from mtrain.text import normalize
-from mtrain.translator import Translation, Translator
-
-
-@dataclasses.dataclass
-class Source:
-    """What the server needs to know of a sentence before decoding it."""
-
-    tokens: int  # source ids the model reads, </s> included
-    truncated: bool
+from mtrain.translator import Source, TextTranslator, Translation, Translator
 
 
 @dataclasses.dataclass
@@ -39,7 +29,7 @@ class Service:
 
     def __init__(
         self,
-        translator: Translator,
+        translator: TextTranslator,
         run: Path,
         engine: str,
         checkpoint: str,
@@ -48,29 +38,17 @@ class Service:
         self.base, self.run, self.engine, self.checkpoint = translator, run, engine, checkpoint
         self.step = step
         self.cfg: Config = translator.cfg
-        # The translators of the last few search options: making one copies the output weights.
+        # The translators of the last few search options.
         self.translator = functools.lru_cache(maxsize=8)(self._translator)
 
     @property
     def can_explain(self) -> bool:
-        return not isinstance(self.base, CT2Translator)  # CTranslate2 shows no steps
+        return isinstance(self.base, Translator)  # CTranslate2 shows no steps
 
-    def _translator(self, options: SearchOptions) -> Translator:
+    def _translator(self, options: SearchOptions) -> TextTranslator:
         """The base translator with a request's search options."""
         decode = dataclasses.replace(self.base.decode, beam_size=options.beam, alpha=options.alpha)
-        b = self.base
-        if isinstance(b, CT2Translator):
-            return CT2Translator(b.engine, b.tokenizer, b.cfg, decode, options.nbest)
-        return Translator(b.model, b.tokenizer, b.cfg, b.device, decode, options.nbest)
-
-    def translate(self, texts: list[str], options: SearchOptions) -> list[Decoded]:
-        """Up to nbest translations of each text, as `mtrain translate` gives them."""
-        return [Decoded(n, self.step) for n in self.translator(options).translate_nbest(texts)]
-
-    def explain(self, text: str, options: SearchOptions, top_k: int) -> dict[str, Any]:
-        answer = explain.explain(self.translator(options), text, top_k)
-        answer["checkpoint_step"] = self.step
-        return answer
+        return self.base.with_options(decode, options.nbest)
 
     def adopt(self, loaded: Loaded) -> None:
         """Serve a newly loaded model; on the worker thread, between batches."""
@@ -78,16 +56,18 @@ class Service:
         self.translator.cache_clear()
 
     def sources(self, texts: list[str]) -> list[Source]:
-        """Each text's length in source ids, as the translator will cut it."""
-        data = self.cfg.data
-        normalized = [normalize(t, data.src_lang) for t in texts]
-        ids = self.base.tokenizer.encode_src([t for t in normalized if t])
-        lengths = iter(len(x) for x in ids)
-        out = []
-        for text in normalized:
-            n = next(lengths) if text else 0
-            out.append(Source(min(n + 1, data.max_src_len) if text else 0, n >= data.max_src_len))
-        return out
+        """Each text as the translator reads it: encoded once, here, off the event loop."""
+        return self.base.sources(texts)
+
+    def translate(self, sources: list[Source], options: SearchOptions) -> list[Decoded]:
+        """Up to nbest translations of each source, as `mtrain translate` gives them."""
+        nbests = self.translator(options).translate_sources(sources)
+        return [Decoded(nbest, self.step) for nbest in nbests]
+
+    def explain(self, text: str, source: Source, options: SearchOptions, top_k: int) -> dict:
+        answer = explain.explain(self.translator(options), text, source, top_k)
+        answer["checkpoint_step"] = self.step
+        return answer
 
     def describe(self) -> dict[str, Any]:
         """The model: languages, size, checkpoint, engine, default search."""
