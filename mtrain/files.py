@@ -1,13 +1,18 @@
-"""Files that must never be left half-written: atomic writes, and the lock on a run directory."""
+"""Files that must never be left half-written: atomic writes, the one rule for writing a path
+the user names, directory replacement, locks, and the checks on the user's own files."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import enum
 import errno
 import logging
 import os
 import re
 import socket
+import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -89,6 +94,71 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
             raise _named(e, tmp, path) from None
         raise
     replace(tmp, target)
+
+
+class FileRefused(ValueError):
+    """A file the user named that cannot be used: an input that is not UTF-8, an output that is
+    a directory, a socket or the input itself; the message names it, in one line."""
+
+
+class OutputKind(enum.Enum):
+    """How a path the user named is written."""
+
+    FILE = "file"  # a regular file, or a new path: a temporary file renamed over it
+    STREAM = "stream"  # a device, a FIFO, a descriptor (/dev/stdout): written in place
+
+
+# What a path that is neither a file nor a stream is, for the message that refuses it.
+OTHER_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+# The directories whose entries are this process's open descriptors (/dev/stdout links here).
+DESCRIPTORS = re.compile(r"/dev/fd|/proc/(self|thread-self|\d+)/fd")
+
+
+def output_kind(path: Path) -> OutputKind:
+    """How writing to `path` goes: a rename replaces a file, never what is not one.
+
+    A device, a FIFO and a descriptor are written in place, as `cat > path` would (a rename
+    would put a regular file where a device was, or leave a reader waiting on its FIFO); a
+    descriptor (/dev/stdout, /dev/fd/N) is written in place whatever it is open on, as it names
+    what the shell opened. Every other kind is refused with FileRefused.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # a new path, or a symlink to one: created by the rename
+        return OutputKind.FILE
+    for is_kind, kind in OTHER_KINDS:
+        if is_kind(mode):
+            raise FileRefused(f"{path}: is {kind}, not a file to write")
+    if stat.S_ISREG(mode) and not names_descriptor(path):
+        return OutputKind.FILE
+    if stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode):
+        return OutputKind.STREAM
+    raise FileRefused(f"{path}: is not a file, a device or a pipe; not written")
+
+
+def names_descriptor(path: Path, hops: int = 40) -> bool:
+    """Whether `path`, or a symlink on its way, is an entry of a descriptor directory."""
+    path = Path(os.path.abspath(path))
+    for _ in range(hops):
+        if DESCRIPTORS.fullmatch(str(path.parent)):
+            return True
+        if not path.is_symlink():
+            return False
+        path = Path(os.path.abspath(path.parent / os.readlink(path)))
+    return False
+
+
+@contextlib.contextmanager
+def open_output(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """Open a path the user named (`-o`) for writing, by the rule of `output_kind`: a file is
+    replaced atomically when the block completes; a device, FIFO or descriptor is written in
+    place (no rename, no fsync: a pipe cannot be synced)."""
+    if output_kind(path) is OutputKind.STREAM:
+        with open(path, mode, **kwargs) as f:
+            yield f
+    else:
+        with atomic_open(path, mode, **kwargs) as f:
+            yield f
 
 
 def write_atomic(path: Path, data: bytes | memoryview | str) -> None:
@@ -201,3 +271,85 @@ def wait_for_lock(path: Path, what: str) -> Iterator[None]:
         f.write(f"mtrain pid {os.getpid()} on {socket.gethostname()}\n")
         f.flush()
         yield
+
+
+# The user's own files: checked before a line is read or a byte written.
+
+
+def is_utf8(text: str) -> bool:
+    """False for text that came from bytes that are not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_arguments(texts: list[str]) -> None:
+    """Refuse a sentence given as an argument that is not valid UTF-8, naming it."""
+    for number, text in enumerate(texts, 1):
+        if not is_utf8(text):
+            raise FileRefused(f"argument {number}: not valid UTF-8")
+
+
+def first_bad_line(path: Path, block: int = 1 << 20) -> int | None:
+    """The number of the first line of a file that is not valid UTF-8, or None; read in blocks
+    of `block` bytes, in bounded memory whatever the lines' length."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    newlines = 0  # in the blocks decoded so far
+    with path.open("rb") as f:
+        try:
+            while data := f.read(block):
+                decoder.decode(data)
+                newlines += data.count(b"\n")
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            # e.object is the decoder's few held bytes of a split character, then the block:
+            # the held bytes hold no newline.
+            return newlines + e.object.count(b"\n", 0, e.start) + 1
+    return None
+
+
+def check_input_encoding(path: Path) -> None:
+    """Refuse an input file that is not all UTF-8 before a line of it is used.
+
+    Only a regular file is read ahead: a pipe or a device is read once, and checked as it is.
+    """
+    if path.is_file() and (line := first_bad_line(path)) is not None:
+        raise FileRefused(f"{path}:{line}: not valid UTF-8")
+
+
+def check_output(
+    output: Path,
+    inputs: list[Path],
+    keep: Path,
+    from_stdin: bool,
+    option: str = "--output",
+    what: str = "the translations",
+) -> None:
+    """Refuse an output path (given as `option`) that cannot be written, or that would overwrite
+    what is being read: an input (a file, or a file redirected to stdin), or a file directly in
+    the directory `keep` (a run's model, tokenizer, config)."""
+    try:
+        output_kind(output)
+    except FileRefused as e:
+        raise FileRefused(f"{option} {e}") from None
+    if not output.parent.is_dir():
+        raise FileRefused(f"{option} {output}: no such directory {output.parent}")
+    if not output.exists():
+        return
+    stdin = stdin_stat() if from_stdin else None
+    if any(output.samefile(p) for p in inputs) or (
+        stdin and os.path.samestat(stdin, output.stat())
+    ):
+        raise FileRefused(f"{option} {output}: is the input file; write {what} elsewhere")
+    if any(output.samefile(path) for path in keep.iterdir() if path.is_file()):
+        raise FileRefused(f"{option} {output}: is a file of the run {keep}; write {what} elsewhere")
+
+
+def stdin_stat() -> os.stat_result | None:
+    """What standard input is (a file redirected to it has its device and inode), if open."""
+    try:
+        return os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # no stdin at all, or closed
+        return None

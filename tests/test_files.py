@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mtrain import files
-from mtrain.files import atomic_open, write_atomic
+from mtrain.corpus import DataError
+from mtrain.data import decode_lines
+from mtrain.files import atomic_open, first_bad_line, write_atomic
 from mtrain.run_dir import save_copy
 
 
@@ -62,3 +67,30 @@ def test_save_copy_removes_its_link_when_the_rename_fails(tmp_path, monkeypatch)
         save_copy(src, dst)
     assert e.value.filename == str(dst)  # the file meant, not the temporary one
     assert leftovers(tmp_path) == [] and dst.read_bytes() == b"old"
+
+
+NOT_UTF8 = [b"\xff", b"\xe4", b"\xe4\xb8", b"\xb8", b"\xed\xa0\x80"]  # bad, cut, surrogate
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            [b"a", b"\n", b"\r\n", "一".encode(), "é".encode(), b"\xef\xbb\xbf", *NOT_UTF8]
+        ),
+        max_size=30,
+    ),
+    block=st.integers(1, 9),
+)
+def test_the_first_bad_line_is_where_reading_line_by_line_fails(tmp_path_factory, parts, block):
+    """Whatever the block size, even one that splits characters: 1 to 9 bytes here."""
+    data = b"".join(parts)
+    path = tmp_path_factory.getbasetemp() / "input.zh"
+    path.write_bytes(data)
+    try:
+        for _ in decode_lines(io.BytesIO(data), "input.zh"):
+            pass
+        expected = None
+    except DataError as e:
+        expected = int(str(e).split(":")[1])
+    assert first_bad_line(path, block) == expected
