@@ -21,7 +21,8 @@ from mtrain.data import Batch, ShapeGrid, encode_pairs, group_references
 from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import Group
 from mtrain.files import write_atomic
-from mtrain.prepare import data_digests, identity, prepare
+from mtrain.prepare import prepare
+from mtrain.prepared import data_digests, identity
 from mtrain.run_dir import CheckpointError
 from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer
 

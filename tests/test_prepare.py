@@ -19,10 +19,12 @@ import pytest
 
 from mtrain import config, encode_corpus
 from mtrain import prepare as prepare_module
+from mtrain import prepared as prepared_format
 from mtrain.corpus import OPENERS, DataError, check_files, corpora, fingerprint
 from mtrain.data import Batch, encode_pairs, read_parallel
 from mtrain.dataset import TokenCorpus
-from mtrain.prepare import identity, prepare, prepared_dir
+from mtrain.prepare import prepare, prepared_dir
+from mtrain.prepared import identity
 from mtrain.tokenizer import Tokenizer
 from mtrain.training_data import prepared_corpus
 
@@ -308,7 +310,7 @@ def test_a_first_prepare_hashes_the_training_files_while_sampling(tmp_path, corp
 
 def test_token_ids_are_int32_past_a_uint16_vocabulary(tmp_path, corpus, monkeypatch, small_chunks):
     uint16 = TokenCorpus(prepare(cfg_for(corpus, tmp_path / "uint16")))
-    monkeypatch.setattr(encode_corpus, "UINT16_IDS", 100)  # below the vocabulary of 300
+    monkeypatch.setattr(prepared_format, "UINT16_IDS", 100)  # below the vocabulary of 300
     cfg = cfg_for(corpus, tmp_path / "int32")
     int32 = TokenCorpus(prepare(cfg, workers=2))
     assert int32.manifest["dtype"] == "<i4" and uint16.manifest["dtype"] == "<u2"
