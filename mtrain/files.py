@@ -10,10 +10,11 @@ import errno
 import logging
 import os
 import re
+import shutil
 import socket
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -199,6 +200,71 @@ def is_running(pid: int) -> bool:
     return True
 
 
+def remove_path(path: Path) -> None:
+    """Remove a file or a whole directory (not what a symlink points to); gone already is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def old_path(path: Path) -> Path:
+    """Where `replace_directory` moves what was at `path` until its replacement is in place."""
+    return path.with_name(f".{path.name}.{os.getpid()}.old")
+
+
+def replace_directory(new: Path, target: Path) -> None:
+    """Put the complete directory `new` in `target`'s place, durably.
+
+    What was at `target` is moved aside first and removed last. On any failure `target` keeps
+    what it held (moved back if it was moved aside), and `new` is left for the caller to
+    remove. A process killed between the two renames leaves the earlier directory whole
+    beside `target`, as `.NAME.<pid>.old`, which `recover_directory` renames back.
+    """
+    old = old_path(target)
+    if os.path.lexists(target):
+        target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        if os.path.lexists(old):
+            old.rename(target)
+        raise
+    sync_directory(target.parent)
+    remove_path(old)
+
+
+def recover_directory(target: Path, complete: Callable[[Path], bool], what: str) -> None:
+    """Undo what a killed `replace_directory` of `target` (a `what`) left beside it.
+
+    Its temporary directory (`.NAME.<pid>.tmp`) is removed. An earlier directory it had moved
+    aside (`.NAME.<pid>.old`) is renamed back when nothing took its place, removed when a
+    `complete` one did, and otherwise named, not removed. A writer that still runs keeps its
+    own. (`.NAME.<pid>.tmp.old` is the name earlier versions of `mtrain export` moved aside to.)
+    """
+    if not target.parent.is_dir():
+        return
+    name = re.compile(rf"\.{re.escape(target.name)}\.(\d+)(\.tmp|\.old|\.tmp\.old)")
+    for path in sorted(target.parent.iterdir()):
+        match = name.fullmatch(path.name)
+        if not match or is_running(int(match[1])):
+            continue  # not a leftover, or one whose writer still works
+        if match[2] == TMP_SUFFIX:
+            remove_path(path)
+        elif not os.path.lexists(target) and complete(path):
+            path.rename(target)
+            sync_directory(target.parent)
+            log.warning(
+                "%s: restored the earlier %s that a killed %s had moved aside", target, what, what
+            )
+        elif complete(target):
+            remove_path(path)  # the killed writer had put its own in place
+        else:
+            log.warning(
+                "%s: an earlier %s moved aside by a killed %s is in %s", target, what, what, path
+            )
+
+
 class DirectoryLocked(RuntimeError):
     """Another process holds the lock on a directory; the message names it."""
 
@@ -208,14 +274,30 @@ class DirectoryLock:
 
     The lock is `flock` on `DIR/.lock`: the kernel releases it when the process ends, however it
     ends, so a crash never leaves a stale lock. The file holds the holder's pid and host, for
-    the message another process gets.
+    the message another process gets. A directory replaced whole (an export) is locked by a
+    file beside it instead, `.DIR.lock` (`lock_beside`), removed as the lock is released.
     """
 
-    def __init__(self, directory: Path):
-        self.path = directory / LOCK_FILE
+    def __init__(self, directory: Path, path: Path | None = None):
+        self.directory = directory
+        self.path = path or directory / LOCK_FILE
+        self.beside = path is not None
         self.file: IO[str] | None = None
 
     def __enter__(self) -> DirectoryLock:
+        while True:
+            f = self._lock()
+            if not self.beside or _is_at(f, self.path):
+                break
+            f.close()  # its holder removed it as it let go: lock the file there now
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def _lock(self) -> IO[str]:
         try:
             f = self.path.open("a+", encoding="utf-8")
         except OSError as e:  # a read-only directory, say: name it, not the lock file
@@ -228,20 +310,30 @@ class DirectoryLock:
                 holder = f.read().strip() or "unknown"
                 f.close()
                 raise DirectoryLocked(
-                    f"{self.path.parent}: in use by another mtrain process ({holder}); "
+                    f"{self.directory}: in use by another mtrain process ({holder}); "
                     "wait for it to finish or use another directory"
                 ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
-        self.file = f
-        return self
+        return f
 
     def __exit__(self, *exc) -> None:
         if self.file is not None:
+            if self.beside:  # removed while held: a process that opened it sees it is gone
+                self.path.unlink(missing_ok=True)
             self.file.close()  # closing releases the lock
             self.file = None
+
+
+def lock_beside(directory: Path) -> DirectoryLock:
+    """The lock of a directory that is replaced whole: a file beside it, removed when done."""
+    return DirectoryLock(directory, directory.with_name(f".{directory.name}.lock"))
+
+
+def _is_at(f: IO, path: Path) -> bool:
+    """Whether the open file `f` is still the file at `path` (not removed or replaced since)."""
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager

@@ -7,14 +7,19 @@ import json
 import logging
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from mtrain.config import Config
 from mtrain.corpus import DataError, corpora, fingerprint
 from mtrain.encode_corpus import drops, encode_corpus
-from mtrain.files import sync_directory, wait_for_lock
+from mtrain.files import (
+    recover_directory,
+    remove_path,
+    replace_directory,
+    tmp_path,
+    wait_for_lock,
+)
 from mtrain.prepared import (
     FORMAT,
     MANIFEST,
@@ -78,6 +83,11 @@ def _input_paths(cfg: Config) -> list[Path]:
     ]
 
 
+def is_prepared(directory: Path) -> bool:
+    """Whether `directory` is a whole prepared corpus: its manifest is written last."""
+    return (directory / MANIFEST).is_file()
+
+
 def _is_fresh(manifest: dict | None, inputs: list[dict]) -> bool:
     """Whether a prepared corpus's (checked) manifest records these inputs."""
     if manifest is None:
@@ -110,6 +120,7 @@ def prepare(
     target = prepared_dir(cfg)
     _make_root(Path(cfg.data.prepared_dir))
     with wait_for_lock(target.with_name(f".{target.name}.lock"), f"a prepare of {target}"):
+        recover_directory(target, is_prepared, "prepared corpus")  # what a killed one left
         # The files as they are; a hash is recomputed only for a file whose stat changed.
         manifest = _manifest_or_none(target)
         inputs = _inputs(cfg, manifest)
@@ -162,11 +173,8 @@ def _prepare(
     cfg: Config, target: Path, inputs: list[dict], workers: int | None, progress: bool
 ) -> dict:
     """Prepare into a temporary directory and rename it to `target`; return its manifest."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for pattern in (f".{target.name}.*.tmp", f".{target.name}.*.old"):
-        for stale in target.parent.glob(pattern):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
+    tmp = tmp_path(target)
+    remove_path(tmp)
     tmp.mkdir()
     try:
         digests: dict[Path, Any] = {}
@@ -178,9 +186,9 @@ def _prepare(
                 item["sha256"] = digest.hexdigest() if digest else fingerprint(Path(item["path"]))
         manifest = {"format": FORMAT, "inputs": inputs, **encoded}
         write_manifest(tmp, manifest)
-        _replace_dir(tmp, target)
+        replace_directory(tmp, target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)
     return manifest
 
 
@@ -227,12 +235,3 @@ def _cgroup_quota(cgroup: Path) -> float | None:
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
         return None
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    old = target.with_name(f".{target.name}.{os.getpid()}.old")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
-    sync_directory(target.parent)  # make the renames durable

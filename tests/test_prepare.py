@@ -211,6 +211,33 @@ def test_an_interrupted_prepare_is_redone_to_the_same_bytes(tmp_path, corpus):
     assert not list(root.glob(".*.tmp"))  # the killed run's leftovers are gone
 
 
+def test_a_prepare_that_cannot_put_its_directory_in_place_keeps_the_earlier_one(
+    tmp_path, corpus, monkeypatch
+):
+    """The one behaviour of files.replace_directory on failure: what was there stays whole."""
+    train = write_tsv(tmp_path / "train.tsv", number_pairs(200, seed=5))
+    cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
+    first = prepare(cfg)
+    before = token_files(first)
+    write_tsv(train, number_pairs(250, seed=6))  # changed: to be prepared again
+
+    def failing(rename):
+        def rename_unless_done(src, dst, *args, **kwargs):
+            if str(src).endswith(".tmp") and os.path.isdir(src):  # the finished directory
+                raise OSError(errno.EIO, os.strerror(errno.EIO), str(src))
+            return rename(src, dst, *args, **kwargs)
+
+        return rename_unless_done
+
+    monkeypatch.setattr(os, "rename", failing(os.rename))
+    monkeypatch.setattr(os, "replace", failing(os.replace))
+    with pytest.raises(OSError):
+        prepare(cfg)
+    monkeypatch.undo()
+    assert token_files(first) == before
+    assert not [p.name for p in first.parent.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
 def test_a_changed_corpus_is_prepared_again(tmp_path, corpus):
     train = write_tsv(tmp_path / "train.tsv", number_pairs(200, seed=5))
     cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
