@@ -25,12 +25,12 @@ from mtrain.corpus import (
     Corpus,
     DataError,
     corpora,
-    parse,
     raw_lines,
+    read_line,
     read_pairs,
+    usable,
 )
 from mtrain.prepared import compact, token_dtype, token_file, write_lengths
-from mtrain.text import normalize
 from mtrain.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -176,13 +176,12 @@ def _parse_sample(
     d, sample, first_bad = cfg.data, [], None
     for corpus, number, line, tgt_line in reservoir:
         try:
-            src, tgt = parse(number, line, tgt_line, corpus.swap)
+            pair = read_line(number, line, tgt_line, corpus.swap, d.src_lang, d.tgt_lang)
         except BadLine as e:
             first_bad = first_bad or f"{corpus.path}:{number}: {e}"
             continue
-        src, tgt = normalize(src, d.src_lang), normalize(tgt, d.tgt_lang)
-        if src and tgt:
-            sample.append((src, tgt))
+        if pair and usable(*pair):
+            sample.append(pair)
     if not sample and first_bad:
         raise DataError(f"{first_bad}; data.train has no readable sentence pair")
     if not sample:

@@ -14,7 +14,7 @@ from mtrain.data import length_batches, pad, source_ids
 from mtrain.decode import Hypothesis, Observer, OutputLayer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize
-from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer import Tokenizer, too_long
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,9 @@ class Translator:
         """Normalised non-empty sentences -> source ids, truncated, </s> last."""
         max_src_len = self.cfg.data.max_src_len
         ids = self.tokenizer.encode_src(sources)
-        too_long = sum(len(x) >= max_src_len for x in ids)
-        if too_long and self.warn_truncated:
-            log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
+        cut = sum(too_long(x, max_src_len) for x in ids)
+        if cut and self.warn_truncated:
+            log.warning("%d input sentence(s) truncated to %d tokens", cut, max_src_len)
         return [source_ids(x, max_src_len) for x in ids]
 
     def inspect(self, text: str, observe: Observer) -> Inspection:

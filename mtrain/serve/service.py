@@ -10,10 +10,12 @@ from typing import Any
 from mtrain import model_map
 from mtrain.config import Config
 from mtrain.ct2_engine import CT2Translator
+from mtrain.data import source_ids
 from mtrain.run_dir import build_model
 from mtrain.serve import explain
 from mtrain.serve.api import SearchOptions
 from mtrain.text import normalize
+from mtrain.tokenizer import too_long
 from mtrain.translator import Translation, Translator
 
 
@@ -57,12 +59,12 @@ class Service:
         """Each text's length in source ids, as the translator will cut it."""
         data = self.cfg.data
         normalized = [normalize(t, data.src_lang) for t in texts]
-        ids = self.base.tokenizer.encode_src([t for t in normalized if t])
-        lengths = iter(len(x) for x in ids)
+        pieces = iter(self.base.tokenizer.encode_src([t for t in normalized if t]))
         out = []
         for text in normalized:
-            n = next(lengths) if text else 0
-            out.append(Source(min(n + 1, data.max_src_len) if text else 0, n >= data.max_src_len))
+            ids = next(pieces) if text else []
+            length = len(source_ids(ids, data.max_src_len)) if text else 0
+            out.append(Source(length, too_long(ids, data.max_src_len)))
         return out
 
     def describe(self) -> dict[str, Any]:
