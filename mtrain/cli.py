@@ -13,7 +13,7 @@ from mtrain.corpus import DataError
 from mtrain.distributed import DistributedError
 from mtrain.export import ExportError
 from mtrain.figures.common import FigureError
-from mtrain.files import DirectoryLocked
+from mtrain.files import DirectoryLocked, FileRefused
 from mtrain.jsonl import LogError
 from mtrain.run_dir import CheckpointError
 from mtrain.runtime import DeviceError
@@ -45,6 +45,7 @@ USER_ERRORS = (
     DistributedError,
     ExportError,
     FigureError,
+    FileRefused,
     LogError,
     TokenizerError,
 )

@@ -267,12 +267,18 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("decode.max_len_offset must not be negative")
 
 
+SEEDS = 1 << 64  # the seeds every generator takes
+
+
 def _check_train(cfg: Config) -> None:
-    """Counts that may be 0 but not negative; checkpoint averaging within the kept checkpoints."""
+    """Counts that may be 0 but not negative, a seed every generator takes; checkpoint
+    averaging within the kept checkpoints."""
     counts = ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last")
     for key in (*counts, "dev_examples"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must not be negative")
+    if not 0 <= cfg.train.seed < SEEDS:  # numpy refuses a negative seed, torch one of 2**64
+        raise ConfigError(f"train.seed: must be in [0, 2**64 - 1], got {cfg.train.seed}")
     if cfg.train.average_last == 1:
         raise ConfigError("train.average_last: must be 0 (no averaging) or at least 2")
     if cfg.train.average_last > cfg.train.keep_last:

@@ -191,6 +191,23 @@ def parse(number: int, line: bytes, tgt_line: bytes | None, swap: bool) -> tuple
     return (tgt, src) if swap else (src, tgt)
 
 
+def read_line(
+    number: int, line: bytes, tgt_line: bytes | None, swap: bool, src_lang: str, tgt_lang: str
+) -> tuple[str, str] | None:
+    """The text pipeline every corpus reader shares: one raw line (or line pair) parsed and
+    normalised into (source, target); None for a blank line of a TSV. Raises BadLine. A pair
+    with an empty side is returned as it is: each reader decides with `usable`."""
+    if tgt_line is None and not line.strip():
+        return None
+    src, tgt = parse(number, line, tgt_line, swap)
+    return normalize(src, src_lang), normalize(tgt, tgt_lang)
+
+
+def usable(src: str, tgt: str) -> bool:
+    """Whether a normalised pair can be trained on: neither side is empty."""
+    return bool(src and tgt)
+
+
 def read_pairs(
     corpus: Corpus, src_lang: str, tgt_lang: str, scored: bool = False
 ) -> list[tuple[str, str]]:
@@ -201,15 +218,14 @@ def read_pairs(
     pairs, empty = [], []
     for number, line, tgt_line in raw_lines(corpus):
         try:
-            if tgt_line is None and not line.strip():
-                continue
-            src, tgt = parse(number, line, tgt_line, corpus.swap)
+            pair = read_line(number, line, tgt_line, corpus.swap, src_lang, tgt_lang)
         except BadLine as e:
             raise DataError(f"{corpus.path}:{number}: {e}") from None
-        src, tgt = normalize(src, src_lang), normalize(tgt, tgt_lang)
-        if not (src and tgt):
+        if pair is None:  # a blank line of a TSV
+            continue
+        if not usable(*pair):
             empty.append(number)
-        pairs.append((src, tgt))
+        pairs.append(pair)
     if scored and empty:
         log.warning(
             "%s:%d: a sentence pair with an empty side (%d in the file); scored as it is",

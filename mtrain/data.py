@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtrain.corpus import BadLine, Corpus, DataError, decode_line, read_pairs
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.corpus import BadLine, Corpus, DataError, decode_line, read_pairs, usable
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, fit, too_long
 
 
 def read_lines(path: Path) -> list[str]:
@@ -62,7 +62,7 @@ class Example:
 
 def source_ids(pieces: list[int], max_src_len: int) -> list[int]:
     """Source pieces truncated to leave room for </s>, then </s>."""
-    return [*pieces[: max_src_len - 1], EOS_ID]
+    return [*fit(pieces, max_src_len), EOS_ID]
 
 
 def encode_pairs(
@@ -75,14 +75,14 @@ def encode_pairs(
     """Encode pairs, drop those with an empty side, and fit the rest to the maximum lengths:
     truncate them, or drop them with `drop_long` (for training: a truncated target still ends
     in </s>, which would teach the model to stop early)."""
-    pairs = [(s, t) for s, t in pairs if s and t]
+    pairs = [(s, t) for s, t in pairs if usable(s, t)]
     srcs = tokenizer.encode_src([s for s, _ in pairs])
     tgts = tokenizer.encode_tgt([t for _, t in pairs])
     # The source gains </s>; tgt_in and tgt_out each add one token (<s> or </s>) to the pieces.
     return [
-        Example(source_ids(src, max_src_len), tgt[: max_tgt_len - 1])
+        Example(source_ids(src, max_src_len), fit(tgt, max_tgt_len))
         for src, tgt in zip(srcs, tgts)
-        if not (drop_long and (len(src) >= max_src_len or len(tgt) >= max_tgt_len))
+        if not (drop_long and (too_long(src, max_src_len) or too_long(tgt, max_tgt_len)))
     ]
 
 

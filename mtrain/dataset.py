@@ -1,5 +1,5 @@
-"""A prepared training corpus, read from disk a batch at a time, and the seeded stream of
-token batches over it.
+"""A prepared training corpus (its format: prepared.py), read from disk a batch at a time, and
+the seeded stream of token batches over it.
 
 Batching needs only the lengths arrays (4 bytes a pair); the token ids and their offsets stay
 on disk, read a batch at a time, so memory does not grow with the corpus.
@@ -8,7 +8,6 @@ on disk, read a batch at a time, so memory does not grow with the corpus.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import weakref
 from collections.abc import Iterator
@@ -18,7 +17,14 @@ import numpy as np
 import torch
 
 from mtrain.data import Batch, token_batches
-from mtrain.prepare import MANIFEST, DamagedCorpus, check_prepared, load_array, vocab_sizes
+from mtrain.prepared import (
+    DamagedCorpus,
+    check_prepared,
+    load_array,
+    read_manifest,
+    token_file,
+    vocab_sizes,
+)
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -28,11 +34,8 @@ class TokenCorpus:
     def __init__(self, directory: Path):
         """Open a prepared directory; DamagedCorpus unless its files agree with each other."""
         self.directory = directory
-        try:
-            self.manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-            dtype = np.dtype(self.manifest["dtype"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DamagedCorpus(directory, f"{MANIFEST} cannot be read ({e})") from None
+        self.manifest = read_manifest(directory)
+        dtype = np.dtype(self.manifest["dtype"])
         self.src_len = load_array(directory, "src_len.npy")  # (N,) </s> included
         self.tgt_len = load_array(directory, "tgt_len.npy")  # (N,) pieces only
         check_prepared(directory, self.manifest, {"src": self.src_len, "tgt": self.tgt_len})
@@ -71,7 +74,7 @@ class TokenFile:
         self.header = offsets.offset  # bytes before the first offset
         del offsets
         self.offsets = os.open(directory / f"{side}_offsets.npy", os.O_RDONLY)
-        self.tokens = os.open(directory / f"{side}.bin", os.O_RDONLY)
+        self.tokens = os.open(token_file(directory, side), os.O_RDONLY)
         weakref.finalize(self, _close, self.offsets, self.tokens)
 
     def padded(self, indices: np.ndarray, lengths: np.ndarray, extra: int = 0) -> torch.Tensor:

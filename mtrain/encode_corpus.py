@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import random
 import time
 from collections import Counter
@@ -26,12 +25,12 @@ from mtrain.corpus import (
     Corpus,
     DataError,
     corpora,
-    fingerprint,
-    parse,
     raw_lines,
+    read_line,
     read_pairs,
+    usable,
 )
-from mtrain.text import normalize
+from mtrain.prepared import compact, token_dtype, token_file, write_lengths
 from mtrain.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,6 @@ CHUNK_LINES = 20_000  # lines a worker encodes at a time
 # past that the corpus is refused: it is likely not what the config says it is.
 BAD_SHARE, BAD_MIN = 0.01, 100
 BAD_SHOWN = 5  # bad lines named in a warning, per corpus
-UINT16_IDS = 1 << 16  # vocabularies up to this size store their ids as uint16, larger as int32
-TOKEN_FILES = tuple(
-    f"{side}{suffix}" for side in ("src", "tgt") for suffix in (".bin", "_len.npy", "_offsets.npy")
-)
 DROP_REASONS = ("empty side", "too long", "length ratio", "in dev or test", "duplicate")
 
 
@@ -79,8 +74,8 @@ def encode_corpus(
     )
     del sample
     trained = time.monotonic()
-    big = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) > UINT16_IDS
-    dtype = np.dtype(np.int32 if big else np.uint16)
+    vocab = {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
+    dtype = token_dtype(vocab)
     settings = encode_worker.Settings(
         *tokenizer.protos(),
         d.src_lang,
@@ -98,9 +93,9 @@ def encode_corpus(
         raise DataError(f"data.train: {train[0]}: no usable sentence pairs ({drops(counts)})")
     _check_every_corpus_contributes(train, files, keep)
     if not keep.all():
-        _compact(out, lengths, keep, dtype)
+        compact(out, lengths, keep, dtype)
         lengths = lengths[keep]
-    checksums = _write_lengths(out, lengths)
+    checksums = write_lengths(out, lengths)
     return {
         "train_files": sum(len(c.files) for c in train),
         "dev_files": len(corpora(d.dev)[0].files),
@@ -111,7 +106,7 @@ def encode_corpus(
         "bad_lines": counts["bad"],
         "tokens": {"src": int(lengths[:, 0].sum()), "tgt": int(lengths[:, 1].sum())},
         "tokenizer": tokenizer.fingerprint(),
-        "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
+        "vocab": vocab,
         "files": checksums,
         "seconds": {
             "sample": round(sampled - began, 1),
@@ -181,13 +176,12 @@ def _parse_sample(
     d, sample, first_bad = cfg.data, [], None
     for corpus, number, line, tgt_line in reservoir:
         try:
-            src, tgt = parse(number, line, tgt_line, corpus.swap)
+            pair = read_line(number, line, tgt_line, corpus.swap, d.src_lang, d.tgt_lang)
         except BadLine as e:
             first_bad = first_bad or f"{corpus.path}:{number}: {e}"
             continue
-        src, tgt = normalize(src, d.src_lang), normalize(tgt, d.tgt_lang)
-        if src and tgt:
-            sample.append((src, tgt))
+        if pair and usable(*pair):
+            sample.append(pair)
     if not sample and first_bad:
         raise DataError(f"{first_bad}; data.train has no readable sentence pair")
     if not sample:
@@ -220,8 +214,8 @@ def _encode(
     context = multiprocessing.get_context("fork")
     with (
         context.Pool(workers, encode_worker.init, (settings,)) as pool,
-        (out / "src.bin").open("wb") as src_bin,
-        (out / "tgt.bin").open("wb") as tgt_bin,
+        token_file(out, "src").open("wb") as src_bin,
+        token_file(out, "tgt").open("wb") as tgt_bin,
         bar,
     ):
         for chunk in pool.imap(encode_worker.encode, _chunks(train)):
@@ -286,35 +280,3 @@ def _first_occurrences(hashes: np.ndarray) -> np.ndarray:
     keep = np.zeros(len(hashes), bool)
     keep[np.unique(hashes, return_index=True)[1]] = True
     return keep
-
-
-def _compact(out: Path, lengths: np.ndarray, keep: np.ndarray, dtype: Any) -> None:
-    """Rewrite the token files without the pairs `keep` drops, a bounded slice at a time."""
-    for side, column in (("src", 0), ("tgt", 1)):
-        tokens = np.memmap(out / f"{side}.bin", dtype=dtype, mode="r")
-        ends = np.cumsum(lengths[:, column], dtype=np.int64)
-        with (out / f"{side}.new").open("wb") as f:
-            step = 1 << 20
-            for first in range(0, len(lengths), step):
-                last = min(first + step, len(lengths))
-                begin = ends[first - 1] if first else 0
-                part_keep = np.repeat(keep[first:last], lengths[first:last, column])
-                f.write(np.asarray(tokens[begin : ends[last - 1]])[part_keep].tobytes())
-        del tokens
-        os.replace(out / f"{side}.new", out / f"{side}.bin")
-
-
-def _write_lengths(out: Path, lengths: np.ndarray) -> dict[str, str]:
-    """Each side's lengths and offsets into its token file, then every file made durable;
-    return the token files' SHA-256 by name, which `mtrain prepare` verifies."""
-    for side, column in (("src", 0), ("tgt", 1)):
-        np.save(out / f"{side}_len.npy", lengths[:, column].astype(np.uint16))
-        offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths[:, column], out=offsets[1:])
-        np.save(out / f"{side}_offsets.npy", offsets)
-    checksums = {}
-    for name in TOKEN_FILES:
-        with (out / name).open("rb+") as f:
-            os.fsync(f.fileno())
-        checksums[name] = fingerprint(out / name)
-    return checksums

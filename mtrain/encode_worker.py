@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import sentencepiece as spm
 
-from mtrain.corpus import BadLine, parse
-from mtrain.text import normalize
-from mtrain.tokenizer import EOS_ID
+from mtrain.corpus import BadLine, read_line, usable
+from mtrain.tokenizer import EOS_ID, too_long
 
 
 @dataclass(frozen=True)
@@ -76,16 +75,13 @@ def encode(chunk: Chunk) -> Encoded:
     counts, bad, srcs, tgts = Counter(lines=len(chunk.lines)), [], [], []
     for number, line, tgt_line in chunk.lines:
         try:
-            if tgt_line is None and not line.strip():  # a blank line of a TSV
-                src = tgt = ""
-            else:
-                src, tgt = parse(number, line, tgt_line, chunk.swap)
+            pair = read_line(number, line, tgt_line, chunk.swap, s.src_lang, s.tgt_lang)
         except BadLine as e:
             bad.append((chunk.name, number, str(e)))
             continue
         counts["read"] += 1
-        src, tgt = normalize(src, s.src_lang), normalize(tgt, s.tgt_lang)
-        if not (src and tgt):
+        src, tgt = pair or ("", "")  # a blank line of a TSV: a pair with empty sides
+        if not usable(src, tgt):
             counts["empty side"] += 1
         elif src in s.heldout:
             counts["in dev or test"] += 1
@@ -98,7 +94,7 @@ def encode(chunk: Chunk) -> Encoded:
     for src, tgt, s_ids, t_ids in zip(srcs, tgts, src_ids, tgt_ids):
         # Dropped, not truncated: a cut target still ends in </s>, teaching the model to stop
         # early. The source gains </s>; the decoder's input and output each gain one token.
-        if len(s_ids) >= s.max_src_len or len(t_ids) >= s.max_tgt_len:
+        if too_long(s_ids, s.max_src_len) or too_long(t_ids, s.max_tgt_len):
             counts["too long"] += 1
         elif s.max_len_ratio and max(len(s_ids), len(t_ids)) > s.max_len_ratio * min(
             len(s_ids), len(t_ids)

@@ -12,8 +12,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
-import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -22,7 +20,14 @@ import yaml
 from torch import nn
 
 from mtrain.config import Config
-from mtrain.files import TMP_SUFFIX, is_running, sync_directory, tmp_path
+from mtrain.files import (
+    lock_beside,
+    recover_directory,
+    remove_path,
+    replace_directory,
+    sync_directory,
+    tmp_path,
+)
 from mtrain.model import PositionalEncoding, Transformer
 from mtrain.run_dir import BEST, load_run
 from mtrain.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
@@ -344,44 +349,6 @@ def check_destination(out: Path, target: Path, run_dir: Path, force: bool) -> No
         raise ExportError(f"-o {out}: exists and is not empty; add --force to replace it")
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def recover(target: Path) -> None:
-    """Undo what a killed export left beside `target`.
-
-    `export_run` writes `.NAME.<pid>.tmp`, then moves an earlier export aside to
-    `.NAME.<pid>.tmp.old` and renames the new one into place. A writer that died leaves
-    either: its temporary directory is removed; an earlier export it had moved aside is renamed
-    back when nothing took its place, and named, not removed, when something else did.
-    """
-    if not target.parent.is_dir():
-        return
-    name = re.compile(rf"\.{re.escape(target.name)}\.(\d+){re.escape(TMP_SUFFIX)}(\.old)?")
-    for path in sorted(target.parent.iterdir()):
-        match = name.fullmatch(path.name)
-        if not match or is_running(int(match[1])):
-            continue  # not ours, or another export's that is still being written
-        if not match[2]:
-            _remove(path)
-        elif not os.path.lexists(target) and is_export(path):
-            path.rename(target)
-            sync_directory(target.parent)
-            log.warning(
-                "%s: restored the earlier export that a killed export had moved aside", target
-            )
-        elif is_export(target):
-            _remove(path)  # the killed export had put its own in place
-        else:
-            log.warning(
-                "%s: an earlier export moved aside by a killed export is in %s", target, path
-            )
-
-
 def _named(e: OSError, tmp: Path, target: Path) -> OSError:
     """`e` naming what the user named: the destination, not its temporary directory."""
     if e.filename is None:  # a failed write (a full disk) names no file
@@ -394,25 +361,6 @@ def _named(e: OSError, tmp: Path, target: Path) -> OSError:
     return e
 
 
-def put_in_place(tmp: Path, target: Path) -> None:
-    """Rename the complete export `tmp` to `target`, replacing what is there, durably.
-
-    An earlier export is moved aside first and removed last: a death between the two renames
-    leaves it complete under a name that `recover` renames back.
-    """
-    old = tmp.with_name(f"{tmp.name}.old")
-    if target.exists():  # an empty directory, or an earlier export (see check_destination)
-        target.rename(old)
-    try:
-        tmp.rename(target)
-    except BaseException:
-        if old.exists():
-            old.rename(target)
-        raise
-    sync_directory(target.parent)
-    _remove(old)
-
-
 def export_run(
     run_dir: Path,
     out: Path,
@@ -422,30 +370,33 @@ def export_run(
 ) -> Path:
     """Write a run's checkpoint as a CTranslate2 model directory `out`; return `out`.
 
-    The directory is written under a temporary name and renamed when complete: an interrupted
-    export leaves no half-written model, and a replaced one is removed only after that.
+    The directory is written under a temporary name and put in place when complete
+    (`files.replace_directory`): an interrupted export leaves no half-written model, and a
+    replaced one is removed only after that. Two exports to one directory at once: the second
+    is refused (`files.lock_beside`).
     """
     ct2 = require_ctranslate2()
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ExportError(f"--quantize {quantize}: expected one of {', '.join(QUANTIZATIONS)}")
     target = destination(out)
-    recover(target)
-    check_destination(out, target, run_dir, force)
-    cfg, tokenizer, model = load_run(run_dir, torch.device("cpu"), which)
-    spec = build_spec(cfg, tokenizer, model)
-    spec.validate()
-    spec.optimize(quantization=quantize)
-    if quantize == "float16" and not ct2.get_cuda_device_count():
-        log.warning(FLOAT16_ON_CPU, out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_path(target)
-    try:
-        tmp.mkdir()
-        text = readme(run_dir, out, which, quantize, cfg)
-        write_directory(spec, tmp, tokenizer, cfg, text, quantize)
-        put_in_place(tmp, target)
-    except OSError as e:
-        raise _named(e, tmp, target) from None
-    finally:
-        _remove(tmp)
+    with lock_beside(target):  # two exports to one directory: the second is refused
+        recover_directory(target, is_export, "export")
+        check_destination(out, target, run_dir, force)
+        cfg, tokenizer, model = load_run(run_dir, torch.device("cpu"), which)
+        spec = build_spec(cfg, tokenizer, model)
+        spec.validate()
+        spec.optimize(quantization=quantize)
+        if quantize == "float16" and not ct2.get_cuda_device_count():
+            log.warning(FLOAT16_ON_CPU, out)
+        tmp = tmp_path(target)
+        try:
+            tmp.mkdir()
+            text = readme(run_dir, out, which, quantize, cfg)
+            write_directory(spec, tmp, tokenizer, cfg, text, quantize)
+            replace_directory(tmp, target)
+        except OSError as e:
+            raise _named(e, tmp, target) from None
+        finally:
+            remove_path(tmp)
     return out

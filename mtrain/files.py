@@ -1,15 +1,21 @@
-"""Files that must never be left half-written: atomic writes, and the lock on a run directory."""
+"""Files that must never be left half-written: atomic writes, the one rule for writing a path
+the user names, directory replacement, locks, and the checks on the user's own files."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
+import enum
 import errno
 import logging
 import os
 import re
+import shutil
 import socket
-from collections.abc import Iterator
+import stat
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -92,6 +98,71 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
     replace(tmp, target)
 
 
+class FileRefused(ValueError):
+    """A file the user named that cannot be used: an input that is not UTF-8, an output that is
+    a directory, a socket or the input itself; the message names it, in one line."""
+
+
+class OutputKind(enum.Enum):
+    """How a path the user named is written."""
+
+    FILE = "file"  # a regular file, or a new path: a temporary file renamed over it
+    STREAM = "stream"  # a device, a FIFO, a descriptor (/dev/stdout): written in place
+
+
+# What a path that is neither a file nor a stream is, for the message that refuses it.
+OTHER_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+# The directories whose entries are this process's open descriptors (/dev/stdout links here).
+DESCRIPTORS = re.compile(r"/dev/fd|/proc/(self|thread-self|\d+)/fd")
+
+
+def output_kind(path: Path) -> OutputKind:
+    """How writing to `path` goes: a rename replaces a file, never what is not one.
+
+    A device, a FIFO and a descriptor are written in place, as `cat > path` would (a rename
+    would put a regular file where a device was, or leave a reader waiting on its FIFO); a
+    descriptor (/dev/stdout, /dev/fd/N) is written in place whatever it is open on, as it names
+    what the shell opened. Every other kind is refused with FileRefused.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # a new path, or a symlink to one: created by the rename
+        return OutputKind.FILE
+    for is_kind, kind in OTHER_KINDS:
+        if is_kind(mode):
+            raise FileRefused(f"{path}: is {kind}, not a file to write")
+    if stat.S_ISREG(mode) and not names_descriptor(path):
+        return OutputKind.FILE
+    if stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode):
+        return OutputKind.STREAM
+    raise FileRefused(f"{path}: is not a file, a device or a pipe; not written")
+
+
+def names_descriptor(path: Path, hops: int = 40) -> bool:
+    """Whether `path`, or a symlink on its way, is an entry of a descriptor directory."""
+    path = Path(os.path.abspath(path))
+    for _ in range(hops):
+        if DESCRIPTORS.fullmatch(str(path.parent)):
+            return True
+        if not path.is_symlink():
+            return False
+        path = Path(os.path.abspath(path.parent / os.readlink(path)))
+    return False
+
+
+@contextlib.contextmanager
+def open_output(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """Open a path the user named (`-o`) for writing, by the rule of `output_kind`: a file is
+    replaced atomically when the block completes; a device, FIFO or descriptor is written in
+    place (no rename, no fsync: a pipe cannot be synced)."""
+    if output_kind(path) is OutputKind.STREAM:
+        with open(path, mode, **kwargs) as f:
+            yield f
+    else:
+        with atomic_open(path, mode, **kwargs) as f:
+            yield f
+
+
 def write_atomic(path: Path, data: bytes | memoryview | str) -> None:
     """Write `data` to `path` atomically (text as UTF-8)."""
     with atomic_open(path) as f:
@@ -130,6 +201,71 @@ def is_running(pid: int) -> bool:
     return True
 
 
+def remove_path(path: Path) -> None:
+    """Remove a file or a whole directory (not what a symlink points to); gone already is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def old_path(path: Path) -> Path:
+    """Where `replace_directory` moves what was at `path` until its replacement is in place."""
+    return path.with_name(f".{path.name}.{os.getpid()}.old")
+
+
+def replace_directory(new: Path, target: Path) -> None:
+    """Put the complete directory `new` in `target`'s place, durably.
+
+    What was at `target` is moved aside first and removed last. On any failure `target` keeps
+    what it held (moved back if it was moved aside), and `new` is left for the caller to
+    remove. A process killed between the two renames leaves the earlier directory whole
+    beside `target`, as `.NAME.<pid>.old`, which `recover_directory` renames back.
+    """
+    old = old_path(target)
+    if os.path.lexists(target):
+        target.rename(old)
+    try:
+        new.rename(target)
+    except BaseException:
+        if os.path.lexists(old):
+            old.rename(target)
+        raise
+    sync_directory(target.parent)
+    remove_path(old)
+
+
+def recover_directory(target: Path, complete: Callable[[Path], bool], what: str) -> None:
+    """Undo what a killed `replace_directory` of `target` (a `what`) left beside it.
+
+    Its temporary directory (`.NAME.<pid>.tmp`) is removed. An earlier directory it had moved
+    aside (`.NAME.<pid>.old`) is renamed back when nothing took its place, removed when a
+    `complete` one did, and otherwise named, not removed. A writer that still runs keeps its
+    own. (`.NAME.<pid>.tmp.old` is the name earlier versions of `mtrain export` moved aside to.)
+    """
+    if not target.parent.is_dir():
+        return
+    name = re.compile(rf"\.{re.escape(target.name)}\.(\d+)(\.tmp|\.old|\.tmp\.old)")
+    for path in sorted(target.parent.iterdir()):
+        match = name.fullmatch(path.name)
+        if not match or is_running(int(match[1])):
+            continue  # not a leftover, or one whose writer still works
+        if match[2] == TMP_SUFFIX:
+            remove_path(path)
+        elif not os.path.lexists(target) and complete(path):
+            path.rename(target)
+            sync_directory(target.parent)
+            log.warning(
+                "%s: restored the earlier %s that a killed %s had moved aside", target, what, what
+            )
+        elif complete(target):
+            remove_path(path)  # the killed writer had put its own in place
+        else:
+            log.warning(
+                "%s: an earlier %s moved aside by a killed %s is in %s", target, what, what, path
+            )
+
+
 class DirectoryLocked(RuntimeError):
     """Another process holds the lock on a directory; the message names it."""
 
@@ -139,14 +275,30 @@ class DirectoryLock:
 
     The lock is `flock` on `DIR/.lock`: the kernel releases it when the process ends, however it
     ends, so a crash never leaves a stale lock. The file holds the holder's pid and host, for
-    the message another process gets.
+    the message another process gets. A directory replaced whole (an export) is locked by a
+    file beside it instead, `.DIR.lock` (`lock_beside`), removed as the lock is released.
     """
 
-    def __init__(self, directory: Path):
-        self.path = directory / LOCK_FILE
+    def __init__(self, directory: Path, path: Path | None = None):
+        self.directory = directory
+        self.path = path or directory / LOCK_FILE
+        self.beside = path is not None
         self.file: IO[str] | None = None
 
     def __enter__(self) -> DirectoryLock:
+        while True:
+            f = self._lock()
+            if not self.beside or _is_at(f, self.path):
+                break
+            f.close()  # its holder removed it as it let go: lock the file there now
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def _lock(self) -> IO[str]:
         try:
             f = self.path.open("a+", encoding="utf-8")
         except OSError as e:  # a read-only directory, say: name it, not the lock file
@@ -159,20 +311,30 @@ class DirectoryLock:
                 holder = f.read().strip() or "unknown"
                 f.close()
                 raise DirectoryLocked(
-                    f"{self.path.parent}: in use by another mtrain process ({holder}); "
+                    f"{self.directory}: in use by another mtrain process ({holder}); "
                     "wait for it to finish or use another directory"
                 ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
-        self.file = f
-        return self
+        return f
 
     def __exit__(self, *exc) -> None:
         if self.file is not None:
+            if self.beside:  # removed while held: a process that opened it sees it is gone
+                self.path.unlink(missing_ok=True)
             self.file.close()  # closing releases the lock
             self.file = None
+
+
+def lock_beside(directory: Path) -> DirectoryLock:
+    """The lock of a directory that is replaced whole: a file beside it, removed when done."""
+    return DirectoryLock(directory, directory.with_name(f".{directory.name}.lock"))
+
+
+def _is_at(f: IO, path: Path) -> bool:
+    """Whether the open file `f` is still the file at `path` (not removed or replaced since)."""
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager
@@ -221,3 +383,85 @@ def stamp(path: Path) -> Stamp | None:
     except OSError:
         return None
     return Stamp(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+# The user's own files: checked before a line is read or a byte written.
+
+
+def is_utf8(text: str) -> bool:
+    """False for text that came from bytes that are not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_arguments(texts: list[str]) -> None:
+    """Refuse a sentence given as an argument that is not valid UTF-8, naming it."""
+    for number, text in enumerate(texts, 1):
+        if not is_utf8(text):
+            raise FileRefused(f"argument {number}: not valid UTF-8")
+
+
+def first_bad_line(path: Path, block: int = 1 << 20) -> int | None:
+    """The number of the first line of a file that is not valid UTF-8, or None; read in blocks
+    of `block` bytes, in bounded memory whatever the lines' length."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    newlines = 0  # in the blocks decoded so far
+    with path.open("rb") as f:
+        try:
+            while data := f.read(block):
+                decoder.decode(data)
+                newlines += data.count(b"\n")
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            # e.object is the decoder's few held bytes of a split character, then the block:
+            # the held bytes hold no newline.
+            return newlines + e.object.count(b"\n", 0, e.start) + 1
+    return None
+
+
+def check_input_encoding(path: Path) -> None:
+    """Refuse an input file that is not all UTF-8 before a line of it is used.
+
+    Only a regular file is read ahead: a pipe or a device is read once, and checked as it is.
+    """
+    if path.is_file() and (line := first_bad_line(path)) is not None:
+        raise FileRefused(f"{path}:{line}: not valid UTF-8")
+
+
+def check_output(
+    output: Path,
+    inputs: list[Path],
+    keep: Path,
+    from_stdin: bool,
+    option: str = "--output",
+    what: str = "the translations",
+) -> None:
+    """Refuse an output path (given as `option`) that cannot be written, or that would overwrite
+    what is being read: an input (a file, or a file redirected to stdin), or a file directly in
+    the directory `keep` (a run's model, tokenizer, config)."""
+    try:
+        output_kind(output)
+    except FileRefused as e:
+        raise FileRefused(f"{option} {e}") from None
+    if not output.parent.is_dir():
+        raise FileRefused(f"{option} {output}: no such directory {output.parent}")
+    if not output.exists():
+        return
+    stdin = stdin_stat() if from_stdin else None
+    if any(output.samefile(p) for p in inputs) or (
+        stdin and os.path.samestat(stdin, output.stat())
+    ):
+        raise FileRefused(f"{option} {output}: is the input file; write {what} elsewhere")
+    if any(output.samefile(path) for path in keep.iterdir() if path.is_file()):
+        raise FileRefused(f"{option} {output}: is a file of the run {keep}; write {what} elsewhere")
+
+
+def stdin_stat() -> os.stat_result | None:
+    """What standard input is (a file redirected to it has its device and inode), if open."""
+    try:
+        return os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # no stdin at all, or closed
+        return None

@@ -3,37 +3,36 @@ and write flat token arrays that training reads a batch at a time, without holdi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from mtrain.config import Config
 from mtrain.corpus import DataError, corpora, fingerprint
 from mtrain.encode_corpus import drops, encode_corpus
-from mtrain.files import sync_directory, wait_for_lock, write_atomic
+from mtrain.files import (
+    recover_directory,
+    remove_path,
+    replace_directory,
+    tmp_path,
+    wait_for_lock,
+)
+from mtrain.prepared import (
+    FORMAT,
+    MANIFEST,
+    DamagedCorpus,
+    check_prepared,
+    read_manifest,
+    sha256,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # of the prepared directory; a change makes every prepared corpus stale
-MANIFEST = "manifest.json"
 CGROUP = Path("/sys/fs/cgroup")
-
-
-class DamagedCorpus(DataError):
-    """A prepared directory whose files disagree with each other; the message names it."""
-
-    def __init__(self, directory: Path, reason: str):
-        super().__init__(
-            f"{directory}: damaged prepared corpus: {reason}; `mtrain prepare` prepares it again"
-        )
-        self.reason = reason
 
 
 def prepared_dir(cfg: Config) -> Path:
@@ -53,7 +52,7 @@ def _key(cfg: Config) -> str:
         "lengths": [d.max_src_len, d.max_tgt_len, d.max_len_ratio],
         "tokenizer": vars(t),
     }
-    return _sha256(json.dumps(shaping, sort_keys=True))[:12]
+    return sha256(json.dumps(shaping, sort_keys=True))[:12]
 
 
 def file_identity(path: Path, known: dict | None = None, hash_it: bool = True) -> dict:
@@ -68,9 +67,9 @@ def file_identity(path: Path, known: dict | None = None, hash_it: bool = True) -
 
 
 def _inputs(cfg: Config, manifest: dict | None = None) -> list[dict]:
-    """Every input file's identity; hashed only where a manifest of this format can be compared
+    """Every input file's identity; hashed only where a (checked) manifest can be compared
     with it (a first prepare hashes its files as it samples them)."""
-    comparable = manifest is not None and manifest.get("format") == FORMAT
+    comparable = manifest is not None
     known = {item["path"]: item for item in (manifest or {}).get("inputs", [])}
     return [file_identity(p, known.get(str(p)), comparable) for p in _input_paths(cfg)]
 
@@ -84,137 +83,27 @@ def _input_paths(cfg: Config) -> list[Path]:
     ]
 
 
-def _read_manifest(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def is_prepared(directory: Path) -> bool:
+    """Whether `directory` is a whole prepared corpus: its manifest is written last."""
+    return (directory / MANIFEST).is_file()
 
 
 def _is_fresh(manifest: dict | None, inputs: list[dict]) -> bool:
-    """Whether a prepared corpus's manifest records these inputs, in this format."""
-    if manifest is None or manifest.get("format") != FORMAT:
+    """Whether a prepared corpus's (checked) manifest records these inputs."""
+    if manifest is None:
         return False
     return [i.get("sha256") for i in inputs] == [i["sha256"] for i in manifest["inputs"]]
 
 
-def check_prepared(
-    directory: Path, manifest: dict, lengths: dict[str, np.ndarray] | None = None, full=False
-) -> None:
-    """Raise DamagedCorpus unless the token files agree with each other and with the manifest:
-    lengths, offsets, token file sizes and counts; `full` also reads every token file to check
-    its checksum and that every id is within the vocabulary. `lengths`: those already loaded."""
+def _manifest_or_none(target: Path) -> dict | None:
+    """The checked manifest of `target`; None where there is none yet, or where it is damaged
+    (torn, another format, the wrong shape: said once, then prepared again)."""
     try:
-        _check_files(directory, manifest, lengths or {})
-        if full:
-            _check_contents(directory, manifest)
-    except (OSError, KeyError, TypeError, ValueError) as e:
-        raise DamagedCorpus(directory, f"cannot read it ({_reason(e)})") from None
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.filename:
-        return f"{Path(e.filename).name}: {e.strerror}"
-    return " ".join(str(e).split())[:200] or type(e).__name__
-
-
-def load_array(directory: Path, name: str, mmap: bool = False) -> np.ndarray:
-    """One array file of a prepared corpus; DamagedCorpus if it cannot be read whole."""
-    try:
-        return np.load(directory / name, mmap_mode="r" if mmap else None)
-    except (OSError, ValueError, EOFError) as e:  # truncated: numpy's header, mmap, or reshape
-        raise DamagedCorpus(
-            directory, f"{name} is truncated or unreadable ({_reason(e)})"
-        ) from None
-
-
-def _check_files(directory: Path, manifest: dict, lengths: dict) -> None:
-    dtype = np.dtype(manifest["dtype"])
-    n = manifest["pairs"]
-    for side in ("src", "tgt"):
-        length = lengths.get(side)
-        if length is None:
-            length = load_array(directory, f"{side}_len.npy", mmap=True)
-        if length.shape != (n,) or length.dtype != np.uint16:
-            raise DamagedCorpus(
-                directory, f"{side}_len.npy holds {length.shape} {length.dtype}, not ({n},) uint16"
-            )
-        tokens = manifest["tokens"][side]
-        if int(length.sum(dtype=np.int64)) != tokens:
-            raise DamagedCorpus(directory, f"{side}_len.npy does not sum to {tokens} tokens")
-        size = (directory / f"{side}.bin").stat().st_size
-        if size != tokens * dtype.itemsize:
-            expected = tokens * dtype.itemsize
-            raise DamagedCorpus(directory, f"{side}.bin has {size} bytes, not {expected}")
-        offsets = load_array(directory, f"{side}_offsets.npy", mmap=True)
-        if offsets.shape != (n + 1,) or offsets.dtype != np.int64:
-            raise DamagedCorpus(
-                directory, f"{side}_offsets.npy holds {offsets.shape} {offsets.dtype}"
-            )
-        # A slice at a time: the whole of a large corpus's offsets would stay resident.
-        start, step = 0, 1 << 20
-        for first in range(0, n + 1, step):
-            part = np.asarray(offsets[first : first + step])  # offsets[first] is `start`
-            ends = np.cumsum(length[first : first + len(part) - 1], dtype=np.int64) + start
-            if part[0] != start or not np.array_equal(part[1:], ends):
-                raise DamagedCorpus(directory, f"{side}_offsets.npy disagrees with {side}_len.npy")
-            start = int(ends[-1]) if len(ends) else start
-            if first + len(part) - 1 < n:  # the next slice starts after this one's last pair
-                start += int(length[first + len(part) - 1])
-        del offsets
-
-
-def _check_contents(directory: Path, manifest: dict) -> None:
-    """Every token file's checksum, and every token id within its vocabulary."""
-    dtype = np.dtype(manifest["dtype"])
-    for name, checksum in manifest.get("files", {}).items():
-        if fingerprint(directory / name) != checksum:
-            raise DamagedCorpus(directory, f"{name} does not match its checksum")
-    vocab = vocab_sizes(directory, manifest)
-    for side in ("src", "tgt"):
-        with (directory / f"{side}.bin").open("rb") as f:
-            while chunk := f.read(1 << 24):
-                ids = np.frombuffer(chunk, dtype)
-                if len(ids) and int(ids.max()) >= vocab[side]:
-                    raise DamagedCorpus(
-                        directory, f"{side}.bin holds ids past its vocabulary of {vocab[side]}"
-                    )
-
-
-def vocab_sizes(directory: Path, manifest: dict) -> dict[str, int]:
-    """Each side's vocabulary size: the manifest's, or its tokenizer's where it records none."""
-    if "vocab" in manifest:
-        return manifest["vocab"]
-    from mtrain.tokenizer import Tokenizer  # light: SentencePiece, no torch
-
-    tokenizer = Tokenizer.load(directory)
-    return {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
-
-
-def identity(manifest: dict) -> dict:
-    """What makes two prepared corpora the same, on any machine: inputs, tokenizer, output."""
-    keys = ("format", "dtype", "pairs", "tokens", "tokenizer")
-    return {"inputs": [i["sha256"] for i in manifest["inputs"]]} | {k: manifest[k] for k in keys}
-
-
-def data_digests(manifest: dict) -> dict[str, str]:
-    """A hash of the training files' contents, one of the dev files' and one of the test
-    files' (training pairs whose source is a dev or test source are dropped), for checkpoints;
-    a single file's is its own SHA-256, as checkpoints recorded before corpora were prepared."""
-    n_train, n_dev = manifest["train_files"], manifest["dev_files"]
-    digests = {}
-    for key, inputs in (
-        ("train", manifest["inputs"][:n_train]),
-        ("dev", manifest["inputs"][n_train : n_train + n_dev]),
-        ("test", manifest["inputs"][n_train + n_dev :]),
-    ):
-        hashes = [i["sha256"] for i in inputs]
-        digests[key] = hashes[0] if len(hashes) == 1 else _sha256("".join(hashes))
-    return digests
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+        return read_manifest(target)
+    except DamagedCorpus as e:
+        if (target / MANIFEST).exists():
+            log.warning("%s: %s; preparing it again", target, e.reason)
+        return None
 
 
 def prepare(
@@ -231,8 +120,9 @@ def prepare(
     target = prepared_dir(cfg)
     _make_root(Path(cfg.data.prepared_dir))
     with wait_for_lock(target.with_name(f".{target.name}.lock"), f"a prepare of {target}"):
+        recover_directory(target, is_prepared, "prepared corpus")  # what a killed one left
         # The files as they are; a hash is recomputed only for a file whose stat changed.
-        manifest = _read_manifest(target)
+        manifest = _manifest_or_none(target)
         inputs = _inputs(cfg, manifest)
         if _is_fresh(manifest, inputs):
             try:
@@ -283,11 +173,8 @@ def _prepare(
     cfg: Config, target: Path, inputs: list[dict], workers: int | None, progress: bool
 ) -> dict:
     """Prepare into a temporary directory and rename it to `target`; return its manifest."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for pattern in (f".{target.name}.*.tmp", f".{target.name}.*.old"):
-        for stale in target.parent.glob(pattern):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed prepare
+    tmp = tmp_path(target)
+    remove_path(tmp)
     tmp.mkdir()
     try:
         digests: dict[Path, Any] = {}
@@ -298,10 +185,10 @@ def _prepare(
                 digest = digests.get(Path(item["path"]))
                 item["sha256"] = digest.hexdigest() if digest else fingerprint(Path(item["path"]))
         manifest = {"format": FORMAT, "inputs": inputs, **encoded}
-        write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        _replace_dir(tmp, target)
+        write_manifest(tmp, manifest)
+        replace_directory(tmp, target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)
     return manifest
 
 
@@ -322,7 +209,7 @@ def _record_stat(target: Path, manifest: dict, inputs: list[dict]) -> None:
     if inputs == manifest["inputs"]:
         return
     try:
-        write_atomic(target / MANIFEST, json.dumps({**manifest, "inputs": inputs}, indent=1) + "\n")
+        write_manifest(target, {**manifest, "inputs": inputs})
     except OSError as e:
         log.debug("%s: cannot record the inputs' new times (%s)", target, e.strerror)
 
@@ -348,12 +235,3 @@ def _cgroup_quota(cgroup: Path) -> float | None:
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
         return None
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    old = target.with_name(f".{target.name}.{os.getpid()}.old")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
-    sync_directory(target.parent)  # make the renames durable

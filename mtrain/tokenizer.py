@@ -17,6 +17,18 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
 
 
+def too_long(pieces: Sequence[int], max_len: int) -> bool:
+    """The length rule: whether `pieces` leave no room within `max_len` tokens for the one
+    their side gains (</s> after a source; <s> or </s> around a target). Such a sentence is
+    cut to fit (`fit`) where it is translated, and such a pair dropped where it is trained on."""
+    return len(pieces) >= max_len
+
+
+def fit(pieces: list[int], max_len: int) -> list[int]:
+    """`pieces`, cut where they are `too_long` to leave room for the token their side gains."""
+    return pieces[: max_len - 1]
+
+
 class TokenizerError(ValueError):
     """A SentencePiece model that cannot be used; the message names the file."""
 

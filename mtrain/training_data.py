@@ -21,9 +21,10 @@ from mtrain.data import Batch, ShapeGrid, encode_pairs, group_references
 from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
 from mtrain.distributed import Group
 from mtrain.files import write_atomic
-from mtrain.prepare import data_digests, identity, prepare
+from mtrain.prepare import prepare
+from mtrain.prepared import data_digests, identity
 from mtrain.run_dir import CheckpointError
-from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer
+from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer, too_long
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +164,12 @@ class TrainingData:
 
 def warn_truncated(tokenizer: Tokenizer, sources: list[str], max_src_len: int, where: str) -> None:
     """Warn once, as the dev set is read, of the sources every validation will truncate."""
-    too_long = sum(len(ids) >= max_src_len for ids in tokenizer.encode_src(sources))
-    if too_long:
+    cut = sum(too_long(ids, max_src_len) for ids in tokenizer.encode_src(sources))
+    if cut:
         log.warning(
             "%s: %d source sentence(s) truncated to %d tokens at every validation",
             where,
-            too_long,
+            cut,
             max_src_len,
         )
 

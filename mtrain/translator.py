@@ -19,7 +19,7 @@ from mtrain.data import length_batches, pad, source_ids
 from mtrain.decode import Hypothesis, Observer, OutputLayer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize
-from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer import Tokenizer, too_long
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,10 @@ class Sentences:
         for text in normalized:
             pieces = next(encoded) if text else []  # empty lines translate to empty lines
             ids = source_ids(pieces, max_src_len) if text else []
-            out.append(Source(ids, len(pieces) >= max_src_len))
-        too_long = sum(s.truncated for s in out)
-        if too_long and warn and self.warn_truncated:
-            log.warning("%d input sentence(s) truncated to %d tokens", too_long, max_src_len)
+            out.append(Source(ids, too_long(pieces, max_src_len)))
+        cut = sum(s.truncated for s in out)
+        if cut and warn and self.warn_truncated:
+            log.warning("%d input sentence(s) truncated to %d tokens", cut, max_src_len)
         return out
 
     def translate(self, sources: list[Source], search: Search) -> list[list[Translation]]:

@@ -1,6 +1,5 @@
 """End to end through the installed console script: train the tiny config, translate, evaluate."""
 
-import io
 import json
 import os
 import subprocess
@@ -8,12 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from mtrain.commands.translate import first_bad_line
-from mtrain.corpus import DataError
-from mtrain.data import decode_lines
 
 from .console import REPO, mtrain
 from .synthetic import overrides
@@ -224,33 +217,6 @@ def test_a_bad_byte_near_the_end_of_an_input_file_stops_before_any_translation(r
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr.strip().endswith(f"mtrain: error: {bad}:2500: not valid UTF-8")
         assert not out.exists()
-
-
-NOT_UTF8 = [b"\xff", b"\xe4", b"\xe4\xb8", b"\xb8", b"\xed\xa0\x80"]  # bad, cut, surrogate
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    parts=st.lists(
-        st.sampled_from(
-            [b"a", b"\n", b"\r\n", "一".encode(), "é".encode(), b"\xef\xbb\xbf", *NOT_UTF8]
-        ),
-        max_size=30,
-    ),
-    block=st.integers(1, 9),
-)
-def test_the_first_bad_line_is_where_reading_line_by_line_fails(tmp_path_factory, parts, block):
-    """Whatever the block size, even one that splits characters: 1 to 9 bytes here."""
-    data = b"".join(parts)
-    path = tmp_path_factory.getbasetemp() / "input.zh"
-    path.write_bytes(data)
-    try:
-        for _ in decode_lines(io.BytesIO(data), "input.zh"):
-            pass
-        expected = None
-    except DataError as e:
-        expected = int(str(e).split(":")[1])
-    assert first_bad_line(path, block) == expected
 
 
 def unwritable_home(tmp_path: Path) -> Path:

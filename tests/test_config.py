@@ -7,6 +7,8 @@ import pytest
 from mtrain import config
 from mtrain.config import ConfigError
 
+from .console import mtrain
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -69,6 +71,8 @@ def test_unknown_section_is_named(tmp_path):
         ("model: 3\n", r"model: expected a mapping"),
         ("- a\n- b\n", r"expected a mapping"),
         ("model: [\n", r"not valid YAML"),
+        ("train:\n  seed: -1\n", r"^[^\n]*train\.seed: must be in \[0, 2\*\*64 - 1\], got -1$"),
+        ("train:\n  seed: 18446744073709551616\n", r"train\.seed: must be in"),
     ],
 )
 def test_bad_values_are_named(tmp_path, text, message):
@@ -183,3 +187,23 @@ def test_training_needs_a_config_that_names_its_corpora(tmp_path, text, message)
     config.load(path)  # describing a model (`mtrain info --config`) needs no data
     named = ["data.train=t.tsv", "data.dev=d.tsv", "data.test=e.tsv"]
     assert config.load(path, named, require_data=True).data.test == "e.tsv"
+
+
+def test_a_negative_seed_is_refused_before_anything_is_made(tmp_path):
+    """Refused at config load: no run directory, no prepared corpus left behind."""
+    out, prepared = tmp_path / "run", tmp_path / "prepared"
+    result = mtrain(
+        "train",
+        "--config",
+        "configs/tiny.yaml",
+        "--out",
+        str(out),
+        "--set",
+        "train.seed=-1",
+        "--set",
+        f"data.prepared_dir={prepared}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mtrain: error: ") and "train.seed: must be in" in line
+    assert not out.exists() and not prepared.exists()

@@ -400,6 +400,9 @@ def test_a_damaged_prepared_corpus_is_refused_then_prepared_again(
     assert status == 2 and len(errors) == 1, err
     assert errors[0].startswith(f"mtrain: error: {target}: damaged prepared corpus: ")
     assert errors[0].endswith("; `mtrain prepare` prepares it again")
+    # One path, one reason, one advice: a reason wrapped in another names none of them again.
+    for part in (str(target), "damaged prepared corpus", "prepares it again"):
+        assert errors[0].count(part) == 1, errors[0]
     status, out, err = run_cli("prepare", "--config", config, *sets)
     assert status == 0, err
     assert out.strip() == str(target)
@@ -410,12 +413,66 @@ def test_a_damaged_prepared_corpus_is_refused_then_prepared_again(
     assert status == 0 and "damaged" not in err and "prepared " not in err
 
 
+@pytest.mark.parametrize("manifest", ["[]", '{"inputs": 3}', '{"format": 1, "inputs": [3]}'])
+@pytest.mark.parametrize("command", ["train", "prepare"])
+def test_a_manifest_of_the_wrong_shape_is_prepared_again(
+    corpus, prepared_once, tmp_path, caplog, manifest, command
+):
+    """Valid JSON that is no manifest is a damaged corpus, prepared again as a torn one is:
+    by training and by `mtrain prepare`, with one warning, no traceback."""
+    from mtrain.prepared import MANIFEST, read_manifest
+
+    root = tmp_path / "prepared"
+    shutil.copytree(prepared_once, root / prepared_once.name)
+    target = root / prepared_once.name
+    tokens = (target / "src.bin").read_bytes()
+    (target / MANIFEST).write_text(manifest)
+    sets = [f"--set={s}" for s in overrides({**corpus, "prepared_dir": str(root)}, max_steps=2)]
+    out = ["--out", str(tmp_path / "run")] if command == "train" else []
+    status, _, err = run_cli(command, "--config", str(REPO / "configs" / "tiny.yaml"), *out, *sets)
+    assert status == 0 and "Traceback" not in err, err
+    warnings = [r.getMessage() for r in caplog.records if "preparing it again" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{target}: {MANIFEST} "), warnings
+    assert read_manifest(target)["pairs"] > 0 and (target / "src.bin").read_bytes() == tokens
+
+
+def test_a_damaged_prepared_corpus_is_named_once(prepared_once, tmp_path):
+    """The reason of a check that fails inside another check is not wrapped in a second one."""
+    from mtrain.dataset import TokenCorpus
+    from mtrain.prepared import DamagedCorpus
+
+    target = tmp_path / prepared_once.name
+    shutil.copytree(prepared_once, target)
+    cut_half(target / "src_offsets.npy")
+    with pytest.raises(DamagedCorpus) as refused:
+        TokenCorpus(target)
+    reason = "src_offsets.npy is truncated or unreadable ("
+    assert str(refused.value).startswith(f"{target}: damaged prepared corpus: {reason}")
+    assert str(refused.value).endswith("; `mtrain prepare` prepares it again")
+    for part in (str(target), "damaged prepared corpus", "prepares it again"):
+        assert str(refused.value).count(part) == 1, refused.value
+
+
+def test_a_corpus_prepared_before_manifests_recorded_vocab_and_checksums_is_read(
+    prepared_once, tmp_path
+):
+    from mtrain.dataset import TokenCorpus
+    from mtrain.prepared import MANIFEST
+
+    target = tmp_path / prepared_once.name
+    shutil.copytree(prepared_once, target)
+    manifest = json.loads((target / MANIFEST).read_text())
+    older = {k: v for k, v in manifest.items() if k not in ("vocab", "files")}
+    (target / MANIFEST).write_text(json.dumps(older))
+    assert len(TokenCorpus(target)) == manifest["pairs"]
+
+
 @pytest.mark.parametrize("cut", ["src_offsets.npy", "src.bin"])
 def test_a_token_file_cut_short_after_opening_is_named_not_read_as_zeros(
     prepared_once, tmp_path, cut
 ):
     from mtrain.dataset import TokenCorpus
-    from mtrain.prepare import DamagedCorpus
+    from mtrain.prepared import DamagedCorpus
 
     target = tmp_path / prepared_once.name
     shutil.copytree(prepared_once, target)
@@ -428,7 +485,7 @@ def test_a_token_file_cut_short_after_opening_is_named_not_read_as_zeros(
 
 def test_offsets_that_disagree_with_the_lengths_are_refused(prepared_once, tmp_path):
     from mtrain.dataset import TokenCorpus
-    from mtrain.prepare import DamagedCorpus
+    from mtrain.prepared import DamagedCorpus
 
     target = tmp_path / prepared_once.name
     shutil.copytree(prepared_once, target)

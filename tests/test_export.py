@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import ct2_engine, export
+from mtrain import ct2_engine, export, files
 from mtrain.cli import main
 from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
 from mtrain.decode import NEVER_OUTPUT
@@ -511,12 +511,27 @@ def test_the_renames_reach_the_disk(ct2, random_run, tmp_path, monkeypatch):
     export or replacement."""
     out, synced = tmp_path / "ct2", []
     monkeypatch.setattr(
-        export, "sync_directory", lambda d: synced.append((d, export.is_export(out)))
+        files, "sync_directory", lambda d: synced.append((d, export.is_export(out)))
     )
     for force in (False, True):
         synced.clear()
         export_run(random_run, out, force=force)
         assert synced[-1] == (tmp_path, True)
+
+
+def test_a_second_export_to_one_directory_is_refused_while_the_first_holds_it(
+    ct2, random_run, tmp_path, capsys
+):
+    """Not a race: the one that comes second says so in one line and writes nothing."""
+    out = export_run(random_run, tmp_path / "ct2")
+    before = (out / "model.bin").read_bytes()
+    with files.lock_beside(out):  # the first export, at work
+        assert main_status(["export", str(random_run), "-o", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"mtrain: error: {out}: in use by another"), err
+    assert (out / "model.bin").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # the lock file goes too
+    export_run(random_run, out, force=True)  # once it is released
 
 
 def test_the_ctranslate2_engine_runs_on_the_gpu_asked_for(ct2, random_run, tmp_path, monkeypatch):

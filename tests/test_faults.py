@@ -7,8 +7,11 @@ import json
 import os
 import resource
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,73 @@ def test_output_that_is_the_input_is_refused(run_dir, tmp_path):
             )
         one_line_error(result, "is the input file")
     assert source.read_text(encoding="utf-8") == "一二\n三\n"
+
+
+def read_fifo_in_background(fifo: Path) -> tuple[threading.Thread, list[bytes]]:
+    """A reader waiting on `fifo`, as `cat fifo` would; what it read lands in the list."""
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    return reader, got
+
+
+def test_output_onto_a_fifo_is_written_to_its_reader(run_dir, tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader, got = read_fifo_in_background(fifo)
+    result = mtrain("translate", "--run", str(run_dir), "-o", str(fifo), "一", "二")
+    assert result.returncode == 0, result.stderr.decode()
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # a rename would have put a file in its place
+    reader.join(timeout=60)  # the writer has exited: the reader has its end of file
+    assert len(got[0].decode().splitlines()) == 2
+    assert leftovers(tmp_path) == []
+
+
+def test_plot_onto_a_fifo_is_written_to_its_reader(tmp_path):
+    fifo = tmp_path / "positional.png"
+    os.mkfifo(fifo)
+    reader, got = read_fifo_in_background(fifo)
+    result = subprocess.run(
+        [sys.executable, "-m", "mtrain", "plot", "positional", "-o", str(fifo)],
+        capture_output=True,
+        cwd=tmp_path,  # no runs/ here: the default config's sizes
+        env=ENV,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    reader.join(timeout=60)
+    assert got[0].startswith(b"\x89PNG")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_output_onto_a_character_device_keeps_the_device(run_dir, tmp_path):
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)  # a copy of /dev/null
+    result = mtrain("translate", "--run", str(run_dir), "-o", str(null), "一")
+    assert result.returncode == 0, result.stderr.decode()
+    kept = null.lstat()
+    assert stat.S_ISCHR(kept.st_mode) and kept.st_rdev == os.stat("/dev/null").st_rdev
+
+
+def test_output_to_dev_stdout_goes_down_the_pipe(run_dir):
+    to_stdout = mtrain("translate", "--run", str(run_dir), "一", "二")
+    result = mtrain("translate", "--run", str(run_dir), "-o", "/dev/stdout", "一", "二")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == to_stdout.stdout and len(result.stdout.splitlines()) == 2
+
+
+def test_output_onto_a_directory_or_a_socket_is_refused(run_dir, tmp_path):
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "s.png"))
+    (tmp_path / "d.png").mkdir()
+    for name, kind in (("d.png", "a directory"), ("s.png", "a socket")):
+        path = tmp_path / name
+        translate = mtrain("translate", "--run", str(run_dir), "-o", str(path), "一")
+        one_line_error(translate, f"--output {path}: is {kind}")
+        plot = mtrain("plot", "positional", str(run_dir), "-o", str(path))
+        one_line_error(plot, f"{path}: is {kind}")
+    assert stat.S_ISSOCK((tmp_path / "s.png").lstat().st_mode)
+    server.close()
 
 
 def test_failed_translation_leaves_the_previous_output_untouched(run_dir, tmp_path):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import os
 import stat
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mtrain import files
-from mtrain.files import atomic_open, write_atomic
+from mtrain.corpus import DataError
+from mtrain.data import decode_lines
+from mtrain.files import atomic_open, first_bad_line, write_atomic
 from mtrain.run_dir import save_copy
 
 
@@ -62,3 +68,84 @@ def test_save_copy_removes_its_link_when_the_rename_fails(tmp_path, monkeypatch)
         save_copy(src, dst)
     assert e.value.filename == str(dst)  # the file meant, not the temporary one
     assert leftovers(tmp_path) == [] and dst.read_bytes() == b"old"
+
+
+NOT_UTF8 = [b"\xff", b"\xe4", b"\xe4\xb8", b"\xb8", b"\xed\xa0\x80"]  # bad, cut, surrogate
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            [b"a", b"\n", b"\r\n", "一".encode(), "é".encode(), b"\xef\xbb\xbf", *NOT_UTF8]
+        ),
+        max_size=30,
+    ),
+    block=st.integers(1, 9),
+)
+def test_the_first_bad_line_is_where_reading_line_by_line_fails(tmp_path_factory, parts, block):
+    """Whatever the block size, even one that splits characters: 1 to 9 bytes here."""
+    data = b"".join(parts)
+    path = tmp_path_factory.getbasetemp() / "input.zh"
+    path.write_bytes(data)
+    try:
+        for _ in decode_lines(io.BytesIO(data), "input.zh"):
+            pass
+        expected = None
+    except DataError as e:
+        expected = int(str(e).split(":")[1])
+    assert first_bad_line(path, block) == expected
+
+
+def test_replace_directory_keeps_the_earlier_one_on_any_failure(tmp_path, monkeypatch):
+    target, new = tmp_path / "out", tmp_path / ".out.1.tmp"
+    target.mkdir()
+    (target / "f").write_text("earlier")
+    new.mkdir()
+    (new / "f").write_text("new")
+    real = Path.rename
+
+    def fail_the_second(self, to):
+        if self == new:
+            raise OSError(28, "No space left on device", str(self))
+        return real(self, to)
+
+    monkeypatch.setattr(Path, "rename", fail_the_second)
+    with pytest.raises(OSError):
+        files.replace_directory(new, target)
+    assert (target / "f").read_text() == "earlier" and (new / "f").read_text() == "new"
+    monkeypatch.undo()
+    files.replace_directory(new, target)
+    assert (target / "f").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "out"
+    ]
+
+
+@pytest.mark.parametrize("target_there", [False, True])
+def test_recover_directory_renames_back_what_a_killed_writer_moved_aside(
+    tmp_path, target_there, caplog
+):
+    dead = 2**22 + 12345  # above any pid_max: no process has it
+    target = tmp_path / "out"
+    aside, unfinished = tmp_path / f".out.{dead}.old", tmp_path / f".out.{dead}.tmp"
+    for directory, text in ((aside, "earlier"), (unfinished, "half")):
+        directory.mkdir()
+        (directory / "f").write_text(text)
+    if target_there:  # the killed writer had put its own in place
+        target.mkdir()
+        (target / "f").write_text("new")
+    files.recover_directory(target, lambda d: (d / "f").is_file(), "thing")
+    assert (target / "f").read_text() == ("new" if target_there else "earlier")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    restored = "restored the earlier thing that a killed thing had moved aside"
+    assert (restored in caplog.text) == (not target_there)
+
+
+def test_a_lock_beside_a_directory_refuses_a_second_holder_and_goes_with_the_first(tmp_path):
+    directory = tmp_path / "out"
+    refused = pytest.raises(files.DirectoryLocked, match=f"^{directory}: in use by another")
+    with files.lock_beside(directory), refused, files.lock_beside(directory):
+        pass
+    assert list(tmp_path.iterdir()) == []
+    with files.lock_beside(directory):  # free again
+        pass

@@ -19,10 +19,12 @@ import pytest
 
 from mtrain import config, encode_corpus
 from mtrain import prepare as prepare_module
+from mtrain import prepared as prepared_format
 from mtrain.corpus import OPENERS, DataError, check_files, corpora, fingerprint
 from mtrain.data import Batch, encode_pairs, read_parallel
 from mtrain.dataset import TokenCorpus
-from mtrain.prepare import identity, prepare, prepared_dir
+from mtrain.prepare import prepare, prepared_dir
+from mtrain.prepared import identity
 from mtrain.tokenizer import Tokenizer
 from mtrain.training_data import prepared_corpus
 
@@ -209,6 +211,33 @@ def test_an_interrupted_prepare_is_redone_to_the_same_bytes(tmp_path, corpus):
     assert not list(root.glob(".*.tmp"))  # the killed run's leftovers are gone
 
 
+def test_a_prepare_that_cannot_put_its_directory_in_place_keeps_the_earlier_one(
+    tmp_path, corpus, monkeypatch
+):
+    """The one behaviour of files.replace_directory on failure: what was there stays whole."""
+    train = write_tsv(tmp_path / "train.tsv", number_pairs(200, seed=5))
+    cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
+    first = prepare(cfg)
+    before = token_files(first)
+    write_tsv(train, number_pairs(250, seed=6))  # changed: to be prepared again
+
+    def failing(rename):
+        def rename_unless_done(src, dst, *args, **kwargs):
+            if str(src).endswith(".tmp") and os.path.isdir(src):  # the finished directory
+                raise OSError(errno.EIO, os.strerror(errno.EIO), str(src))
+            return rename(src, dst, *args, **kwargs)
+
+        return rename_unless_done
+
+    monkeypatch.setattr(os, "rename", failing(os.rename))
+    monkeypatch.setattr(os, "replace", failing(os.replace))
+    with pytest.raises(OSError):
+        prepare(cfg)
+    monkeypatch.undo()
+    assert token_files(first) == before
+    assert not [p.name for p in first.parent.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
 def test_a_changed_corpus_is_prepared_again(tmp_path, corpus):
     train = write_tsv(tmp_path / "train.tsv", number_pairs(200, seed=5))
     cfg = cfg_for({**corpus, "train": str(train)}, tmp_path)
@@ -308,7 +337,7 @@ def test_a_first_prepare_hashes_the_training_files_while_sampling(tmp_path, corp
 
 def test_token_ids_are_int32_past_a_uint16_vocabulary(tmp_path, corpus, monkeypatch, small_chunks):
     uint16 = TokenCorpus(prepare(cfg_for(corpus, tmp_path / "uint16")))
-    monkeypatch.setattr(encode_corpus, "UINT16_IDS", 100)  # below the vocabulary of 300
+    monkeypatch.setattr(prepared_format, "UINT16_IDS", 100)  # below the vocabulary of 300
     cfg = cfg_for(corpus, tmp_path / "int32")
     int32 = TokenCorpus(prepare(cfg, workers=2))
     assert int32.manifest["dtype"] == "<i4" and uint16.manifest["dtype"] == "<u2"

@@ -1,4 +1,7 @@
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, fit, too_long
 
 
 def test_pinned_special_ids(tokenizer):
@@ -45,3 +48,11 @@ def test_training_is_repeatable(tmp_path):
     Tokenizer.train(texts, texts, cfg, "en", "de", a)
     Tokenizer.train(texts, texts, cfg, "en", "de", b)
     assert (a / "spm.tgt.model").read_bytes() == (b / "spm.tgt.model").read_bytes()
+
+
+@given(st.lists(st.integers(4, 300), max_size=40), st.integers(1, 40))
+def test_the_length_rule_cuts_exactly_what_it_calls_too_long(pieces, max_len):
+    """What is too long is cut to leave room for the one token its side gains; nothing else is."""
+    assert (fit(pieces, max_len) != pieces) == too_long(pieces, max_len)
+    assert len(fit(pieces, max_len)) + 1 <= max_len or not pieces
+    assert not too_long(fit(pieces, max_len), max_len)

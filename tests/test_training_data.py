@@ -10,7 +10,7 @@ import pytest
 from mtrain import config, dataset
 from mtrain.corpus import DataError
 from mtrain.distributed import Group
-from mtrain.prepare import identity
+from mtrain.prepared import identity
 from mtrain.run_dir import CheckpointError
 from mtrain.training_data import TrainingData
 

@@ -111,6 +111,7 @@ def masks(
     from mtrain.figures.common import save
     from mtrain.figures.masks import draw_masks, mask_inputs
     from mtrain.text import normalize
+    from mtrain.tokenizer import fit
 
     setup_logging()
     if tgt and len(tgt) != len(texts):
@@ -132,7 +133,7 @@ def masks(
         tok = translator.tokenizer
         src_ids = tok.encode_src(sources)
         tgt_ids = tok.encode_tgt([normalize(t, cfg.data.tgt_lang) for t in tgt])
-        tgt_ids = [ids[: cfg.data.max_tgt_len - 1] for ids in tgt_ids]  # as encode_pairs
+        tgt_ids = [fit(ids, cfg.data.max_tgt_len) for ids in tgt_ids]  # as encode_pairs
         src_pieces = [[tok.src.id_to_piece(i) for i in ids] for ids in src_ids]
         tgt_pieces = [[tok.tgt.id_to_piece(i) for i in ids] for ids in tgt_ids]
         max_src_len = cfg.data.max_src_len

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import enum
 import os
@@ -35,7 +34,14 @@ from mtrain.commands.common import (
 from mtrain.config import Config
 from mtrain.data import decode_lines
 from mtrain.figures.attention import save_figures
-from mtrain.files import atomic_open
+from mtrain.files import (
+    OutputKind,
+    check_arguments,
+    check_input_encoding,
+    check_output,
+    open_output,
+    output_kind,
+)
 from mtrain.run_dir import BEST
 from mtrain.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from mtrain.trace import Tracer, format_trace
@@ -234,9 +240,10 @@ def translate(
     """Translate sentences; one output line per input line, in input order.
 
     Input comes from the arguments, --input, or stdin; it is read and translated in chunks, so
-    files of any length work in bounded memory. An empty line gives an empty line. --output is
-    written under a temporary name and renamed when complete. On a terminal, with no sentences
-    and nothing piped in, it prompts for sentences one at a time (Ctrl-D leaves).
+    files of any length work in bounded memory. An empty line gives an empty line. A file given
+    as --output is written under a temporary name and renamed when complete; a device, a FIFO
+    or /dev/stdout is written in place. On a terminal, with no sentences and nothing piped in,
+    it prompts for sentences one at a time (Ctrl-D leaves).
     """
     setup_logging()
     if texts and input_path:
@@ -266,7 +273,7 @@ def translate(
             results = one_at_a_time(translator, lines, trace_k if trace else None, attention)
         else:
             results = translator.stream(lines)
-        out = stack.enter_context(atomic_open(output, "w", encoding="utf-8")) if output else None
+        out = stack.enter_context(open_output(output, "w", encoding="utf-8")) if output else None
         bar = bool(input_path or output) and not interactive
         write_all(results, out or sys.stdout, write, flush=one_by_one, progress=bar)
 
@@ -329,76 +336,7 @@ def interruptible(output: Path | None) -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        kept = f"; {output} was not written" if output else ""
+        replaced = output is not None and output_kind(output) is OutputKind.FILE
+        kept = f"; {output} was not written" if replaced else ""  # a FIFO holds what was sent
         typer.echo(f"mtrain: interrupted{kept}", err=True)
         raise typer.Exit(130) from None
-
-
-def check_arguments(texts: list[str]) -> None:
-    """Refuse a sentence given as an argument that is not valid UTF-8, naming it."""
-    for number, text in enumerate(texts, 1):
-        if not is_utf8(text):
-            fail(f"argument {number}: not valid UTF-8")
-
-
-def first_bad_line(path: Path, block: int = 1 << 20) -> int | None:
-    """The number of the first line of a file that is not valid UTF-8, or None; read in blocks
-    of `block` bytes, in bounded memory whatever the lines' length."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    newlines = 0  # in the blocks decoded so far
-    with path.open("rb") as f:
-        try:
-            while data := f.read(block):
-                decoder.decode(data)
-                newlines += data.count(b"\n")
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError as e:
-            # e.object is the decoder's few held bytes of a split character, then the block:
-            # the held bytes hold no newline.
-            return newlines + e.object.count(b"\n", 0, e.start) + 1
-    return None
-
-
-def check_input_encoding(path: Path) -> None:
-    """Refuse an --input file that is not all UTF-8 before a line of it is translated.
-
-    Only a regular file is read ahead: a pipe or a device is read once, and checked as it is.
-    """
-    if path.is_file() and (line := first_bad_line(path)) is not None:
-        fail(f"{path}:{line}: not valid UTF-8")
-
-
-def check_output(output: Path, inputs: list[Path], run_dir: Path, from_stdin: bool) -> None:
-    """Refuse an --output that cannot be written, or that would overwrite what is being read:
-    the input (a file, or a file redirected to stdin), or a file of the run (model, tokenizer,
-    config)."""
-    if output.is_dir():
-        fail(f"--output {output}: is a directory")
-    if not output.parent.is_dir():
-        fail(f"--output {output}: no such directory {output.parent}")
-    if not output.exists():
-        return
-    stdin = stdin_stat() if from_stdin else None
-    if any(output.samefile(p) for p in inputs) or (
-        stdin and os.path.samestat(stdin, output.stat())
-    ):
-        fail(f"--output {output}: is the input file; write the translations elsewhere")
-    if any(output.samefile(path) for path in run_dir.iterdir() if path.is_file()):
-        fail(f"--output {output}: is a file of the run {run_dir}; write the translations elsewhere")
-
-
-def stdin_stat() -> os.stat_result | None:
-    """What standard input is (a file redirected to it has its device and inode), if open."""
-    try:
-        return os.fstat(sys.stdin.fileno())
-    except (AttributeError, OSError, ValueError):  # no stdin at all, or closed
-        return None
-
-
-def is_utf8(text: str) -> bool:
-    """False for text that came from bytes that are not UTF-8 (Python keeps them as surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

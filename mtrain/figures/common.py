@@ -6,7 +6,7 @@ import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
-from mtrain.files import atomic_open
+from mtrain.files import FileRefused, open_output, output_kind
 
 CJK_FONT = "NotoSansCJKsc-Regular.otf"  # Noto Sans CJK SC, shipped by the mplfonts package
 
@@ -48,7 +48,12 @@ def formats() -> list[str]:
 
 
 def check_output(path: Path) -> Path:
-    """Refuse a figure path whose suffix names no format `save` can write; before drawing."""
+    """Refuse a figure path whose suffix names no format `save` can write, or that is not a
+    file, a device or a pipe (a directory, a socket); before drawing."""
+    try:
+        output_kind(path)
+    except FileRefused as e:
+        raise FigureError(str(e)) from None
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in formats():
         what = f"a .{suffix} file" if suffix else "a file without a suffix"
@@ -60,12 +65,13 @@ def check_output(path: Path) -> Path:
 
 
 def save(fig, path: Path, dpi: int = 120) -> Path:
-    """Write a figure (creating the folder) atomically, in the format its suffix names; free it."""
+    """Write a figure (creating the folder), in the format its suffix names; free it. A file
+    is replaced atomically, a device or FIFO written in place (`files.open_output`)."""
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with atomic_open(path) as f:
+        with open_output(path) as f:
             fig.savefig(f, format=path.suffix.lower().lstrip("."), dpi=dpi)
     finally:
         plt.close(fig)
