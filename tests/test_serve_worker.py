@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,7 @@ from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits, SearchOptions
 from mtrain.serve.app import Server
 from mtrain.serve.batcher import Batcher, Job, Policy, PolicyError, WorkerDown
+from mtrain.serve.service import Decoded
 from mtrain.translator import Source
 
 from .console import mtrain
@@ -93,6 +95,7 @@ class FakeService:
         self.cfg = SimpleNamespace(data=SimpleNamespace(max_src_len=64))
         self.base = SimpleNamespace(decode=DecodeConfig(beam_size=1))
         self.can_explain = False
+        self.run, self.step = Path("no-run"), None  # no training view, no checkpoint step
 
     def describe(self):
         return {}
@@ -101,7 +104,8 @@ class FakeService:
         return [Source([7] * 3, False) for _ in texts]
 
     def translate(self, sources, options):
-        return [[SimpleNamespace(text=t, score=None)] for t in self.model(sources, options)]
+        texts = self.model(sources, options)
+        return [Decoded([SimpleNamespace(text=t, score=None)], None) for t in texts]
 
 
 def app_server(model, policy: Policy) -> Server:
