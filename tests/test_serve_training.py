@@ -168,7 +168,7 @@ def test_a_torn_checkpoint_is_logged_once_and_a_whole_one_is_served(live_run, ca
     loaded = watcher.poll()
     assert loaded is not None and loaded.step == 999
     service.adopt(loaded)
-    (decoded,) = service.translate(["我是谁"], service_options(service))
+    (decoded,) = service.translate(service.sources(["我是谁"]), service_options(service))
     assert decoded.step == 999 and decoded.nbest[0].text
 
 
