@@ -8,23 +8,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrain import config, data
+from mtrain import batching, config
+from mtrain.batching import BatchStream, ShapeGrid, sorted_batches, split_batches
 from mtrain.corpus import Corpus, read_pairs
 from mtrain.data import (
     Batch,
     DataError,
     Example,
     Shape,
-    ShapeGrid,
     decode_lines,
     encode_pairs,
     group_references,
     read_lines,
-    sorted_batches,
-    split_batches,
-    token_batches,
 )
-from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
+from mtrain.dataset import TokenCorpus, drop_final_punctuation
 from mtrain.optim import loss_fn
 from mtrain.prepare import prepare
 from mtrain.text import normalize
@@ -199,7 +196,7 @@ def random_lengths(n, seed=0):
 
 
 def greedy_batches(order, src_len, tgt_len, batch_tokens):
-    """The one-pair-at-a-time greedy batching that token_batches computes a batch at a time."""
+    """The one-pair-at-a-time greedy batching that split_batches computes a batch at a time."""
     batches, current, max_src, max_tgt = [], [], 0, 0
     for i in order:
         new_src, new_tgt = max(max_src, int(src_len[i])), max(max_tgt, int(tgt_len[i]) + 1)
@@ -211,16 +208,17 @@ def greedy_batches(order, src_len, tgt_len, batch_tokens):
     return [*batches, current]
 
 
-def test_token_batches_cover_every_pair_once_within_budget():
+def test_grid_batches_cover_every_pair_once_within_budget():
     src_len, tgt_len = random_lengths(500)
-    batches = token_batches(src_len, tgt_len, 200, np.random.default_rng(1))
+    grid = ShapeGrid(src_len, tgt_len, 200)
+    batches = grid.batches(np.random.default_rng(1))
     flat = sorted(int(i) for b in batches for i in b)
     assert flat == list(range(500))
     for b in batches:
         assert len(b) * (src_len[b].max() + tgt_len[b].max() + 1) <= 200
-    same = token_batches(src_len, tgt_len, 200, np.random.default_rng(1))
+    same = grid.batches(np.random.default_rng(1))
     assert all(np.array_equal(a, b) for a, b in zip(batches, same))
-    other = token_batches(src_len, tgt_len, 200, np.random.default_rng(2))
+    other = grid.batches(np.random.default_rng(2))
     assert not all(np.array_equal(a, b) for a, b in zip(batches, other))
 
 
@@ -244,11 +242,11 @@ def test_batch_stream_resumes_exactly_where_it_stopped():
         next(batches)
     assert stream.epoch == 1
     state = stream.state_dict()
-    expected = [next(batches) for _ in range(40)]
+    expected = [next(batches).indices for _ in range(40)]
 
     resumed = BatchStream(src_len, tgt_len, 200, seed=3)
     resumed.load_state_dict(state)
-    got = [b for b, _ in zip(resumed, range(40))]
+    got = [b.indices for b, _ in zip(resumed, range(40))]
     assert all(np.array_equal(a, b) for a, b in zip(got, expected))
 
 
@@ -295,8 +293,8 @@ def shipped_corpus(tmp_path_factory) -> tuple[TokenCorpus, config.Config]:
 def test_shipped_corpus_meets_few_shapes_little_padding_and_full_batches(shipped_corpus):
     corpus, cfg = shipped_corpus
     budget = cfg.train.batch_tokens
-    grid = ShapeGrid(corpus.src_len, corpus.tgt_len, budget)
     stream = BatchStream(corpus.src_len, corpus.tgt_len, budget, cfg.train.seed)
+    grid = stream.grid
     met, tokens, positions = set(), 0, 0
     for epoch in range(3):  # the grid depends on the lengths alone: epochs meet the same shapes
         batches = stream.epoch_order(epoch)
@@ -310,7 +308,7 @@ def test_shipped_corpus_meets_few_shapes_little_padding_and_full_batches(shipped
                 tokens += batch.n_tokens
                 positions += batch.src.numel() + batch.tgt_out.numel()
     assert met == {(s.rows, s.src_len, s.tgt_len) for s in grid.shapes}
-    assert len(met) <= data.MAX_SHAPES
+    assert len(met) <= batching.MAX_SHAPES
     padding = 1 - tokens / positions
     assert padding == pytest.approx(grid.padding) and padding < 0.10
     assert tokens == corpus.src_len.sum() + corpus.tgt_len.sum() + len(corpus)  # </s> or <s>
@@ -328,11 +326,11 @@ lengths = st.lists(st.tuples(st.integers(1, 71), st.integers(0, 70)), min_size=1
 def test_grid_batches_cover_each_pair_once_in_few_full_shapes(pairs, budget, seed, max_shapes):
     src_len = np.array([s for s, _ in pairs], np.uint16)
     tgt_len = np.array([t for _, t in pairs], np.uint16)
-    original, data.MAX_SHAPES = data.MAX_SHAPES, max_shapes  # crosses the search for fewer
+    original, batching.MAX_SHAPES = batching.MAX_SHAPES, max_shapes  # crosses the search for fewer
     try:
         grid, again = [ShapeGrid(src_len, tgt_len, budget) for _ in range(2)]
     finally:
-        data.MAX_SHAPES = original
+        batching.MAX_SHAPES = original
     assert len(grid.shapes) <= max_shapes
     batches = grid.batches(np.random.default_rng(seed))
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(pairs)))
@@ -349,6 +347,35 @@ def test_grid_batches_cover_each_pair_once_in_few_full_shapes(pairs, budget, see
     repeated = again.batches(np.random.default_rng(seed))
     assert len(repeated) == len(batches)
     assert all(np.array_equal(a, b) for a, b in zip(batches, repeated))
+
+
+def test_the_stream_builds_its_grid_once_and_hands_out_each_batch_with_its_shape(monkeypatch):
+    built = []
+
+    class Counted(ShapeGrid):
+        def __init__(self, *args):
+            built.append(args)
+            super().__init__(*args)
+
+    monkeypatch.setattr(batching, "ShapeGrid", Counted)
+    src_len, tgt_len = random_lengths(300)
+    stream = BatchStream(src_len, tgt_len, 200, seed=3)
+    plans = [plan for plan, _ in zip(stream, range(3 * len(stream.epoch_order(0))))]
+    assert stream.epoch >= 2 and len(built) == 1  # three epochs, one grid
+    for plan in plans:
+        assert plan.shape == stream.grid.shape(plan.indices)
+        assert len(plan.indices) <= plan.shape.rows
+        assert src_len[plan.indices].max() <= plan.shape.src_len
+        assert tgt_len[plan.indices].max() + 1 <= plan.shape.tgt_len
+
+
+def test_a_batch_is_never_padded_to_a_shape_smaller_than_itself():
+    batch = Batch.collate([Example([5, 6, EOS_ID], [7, 8]), Example([5, EOS_ID], [7])])
+    assert batch.src.shape == (2, 3) and batch.tgt_in.shape == (2, 3)
+    assert batch.padded_to(Shape(rows=2, src_len=3, tgt_len=3)).src.equal(batch.src)
+    for smaller in (Shape(1, 3, 3), Shape(2, 2, 3), Shape(2, 3, 2)):
+        with pytest.raises(ValueError, match="does not fit"):
+            batch.padded_to(smaller)
 
 
 def test_rows_and_columns_of_padding_change_neither_loss_nor_gradients():
