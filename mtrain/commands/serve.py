@@ -9,17 +9,18 @@ import typer
 
 from mtrain.commands.common import (
     CheckpointOption,
+    Decoding,
     DeviceOption,
+    Engine,
+    EngineOption,
     Quantize,
     QuantizeOption,
     RunOption,
     fail,
-    load_ct2_translator,
-    load_translator,
+    load_engine,
     log,
     setup_logging,
 )
-from mtrain.commands.translate import Engine, EngineOption
 from mtrain.run_dir import BEST
 from mtrain.serve.batcher import Policy
 
@@ -86,12 +87,7 @@ def serve(
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
         fail(f"cannot listen on {host} port {port}: {reason}")
-    if engine is Engine.ctranslate2:
-        if which != BEST:
-            fail("--checkpoint needs --engine mtrain")
-        run_dir, cfg, translator = load_ct2_translator(run, device, None, None, quantize)
-    else:
-        run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
+    run_dir, cfg, translator = load_engine(engine, Decoding(run, device, quantize, which))
     policy = Policy(batching, wait_ms / 1000, cfg.decode.batch_tokens, queue)
     service = Service(translator, run_dir, engine.value, which)
     address = server.url(sock)
