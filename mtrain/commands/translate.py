@@ -193,8 +193,8 @@ def translate(
     setup_logging()
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
-    if engine is Engine.ctranslate2 and (trace or attention or which != BEST):
-        fail("--trace, --attention and --checkpoint need --engine mtrain")
+    if engine is Engine.ctranslate2 and (trace or attention):
+        fail("--trace and --attention need --engine mtrain")
     decoding = Decoding(run, device, quantize, which, beam, alpha, nbest)
     run_dir, cfg, translator = load_engine(engine, decoding)
     from_stdin = not texts and not input_path
