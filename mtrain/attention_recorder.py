@@ -15,7 +15,16 @@ import torch.nn.functional as F
 
 from mtrain.decode import BeamStep, GreedyStep
 from mtrain.model import Transformer
-from mtrain.tokenizer import EOS_ID
+from mtrain.tokenizer import BOS_ID, EOS_ID, Tokenizer
+
+
+@dataclass
+class AxisLabels:
+    """The pieces along the axes of a sentence's attention maps."""
+
+    source: list[str]  # keys of cross-attention; queries and keys of the encoder's
+    decoder_input: list[str]  # <s> y1 ..: queries and keys of the decoder's self-attention
+    output: list[str]  # y1 .. (</s>): queries of cross-attention, by the piece each chose
 
 
 @dataclass
@@ -25,6 +34,16 @@ class AttentionMaps:
     encoder: list[torch.Tensor]  # (h, S, S): source pieces over source pieces
     decoder: list[torch.Tensor]  # (h, T, T): decoder inputs over decoder inputs (look-ahead)
     cross: list[torch.Tensor]  # (h, T, S): output pieces over source pieces
+
+    def axis_labels(self, src: list[int], tokens: list[int], tokenizer: Tokenizer) -> AxisLabels:
+        """The pieces of source `src` and output `tokens` (without </s>) along the maps' axes."""
+        ended = self.cross[0].size(1) > len(tokens)  # a last query row that chose </s>
+        out_ids = [*tokens, EOS_ID] if ended else tokens
+        return AxisLabels(
+            source=tokenizer.src.id_to_piece(src),
+            decoder_input=tokenizer.tgt.id_to_piece([BOS_ID, *out_ids[:-1]]),
+            output=tokenizer.tgt.id_to_piece(out_ids),
+        )
 
 
 def _grow(history: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

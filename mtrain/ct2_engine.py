@@ -29,6 +29,7 @@ from mtrain.decode import Hypothesis, Observer, log_length_penalty, normalized
 from mtrain.export import (
     FLOAT16_ON_CPU,
     MTRAIN_CONFIG,
+    Quantization,
     is_export,
     read_manifest,
     require_ctranslate2,
@@ -181,7 +182,7 @@ def load(
     except (OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: {e}") from None
     torch_device = runtime.pick_device(device)
-    float16 = read_manifest(directory).get("quantize") == "float16"
+    float16 = read_manifest(directory).get("quantize") == Quantization.float16
     if float16 and torch_device.type == "cpu" and not int8:
         log.warning(FLOAT16_ON_CPU, directory)
     try:

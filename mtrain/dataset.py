@@ -1,5 +1,4 @@
-"""A prepared training corpus (its format: prepared.py), read from disk a batch at a time, and
-the seeded stream of token batches over it.
+"""A prepared training corpus (its format: prepared.py), read from disk a batch at a time.
 
 Batching needs only the lengths arrays (4 bytes a pair); the token ids and their offsets stay
 on disk, read a batch at a time, so memory does not grow with the corpus.
@@ -7,16 +6,14 @@ on disk, read a batch at a time, so memory does not grow with the corpus.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mtrain.data import Batch, token_batches
+from mtrain.data import Batch
 from mtrain.prepared import (
     DamagedCorpus,
     check_prepared,
@@ -119,54 +116,3 @@ def drop_final_punctuation(src: torch.Tensor, punctuation: torch.Tensor, p: floa
     src[rows[drop], lengths[drop] - 2] = EOS_ID
     src[rows[drop], lengths[drop] - 1] = PAD_ID
     return src
-
-
-class BatchStream:
-    """Training batches, epoch after epoch, each epoch in its own seeded order.
-
-    Epoch e's order comes from a generator seeded with (seed, e) alone, so the stream's
-    position is two numbers, the epoch and the batches of it already taken, and a resumed run
-    takes exactly the batches an uninterrupted one would have. It yields each batch as the
-    indices of its pairs, so that a process can skip the batches another process trains on.
-    """
-
-    def __init__(self, src_len: np.ndarray, tgt_len: np.ndarray, batch_tokens: int, seed: int):
-        self.src_len, self.tgt_len = src_len, tgt_len
-        self.batch_tokens, self.seed = batch_tokens, seed
-        self.epoch, self.batches_done = 0, 0
-        self._order: tuple[int, list[np.ndarray]] | None = None  # the last epoch's, reused
-
-    def epoch_order(self, epoch: int) -> list[np.ndarray]:
-        if self._order is None or self._order[0] != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._order = epoch, token_batches(self.src_len, self.tgt_len, self.batch_tokens, rng)
-        return self._order[1]
-
-    def order_digest(self, epoch: int | None = None) -> str:
-        """SHA-256 of an epoch's batches, in order (the current epoch's by default): numpy
-        promises its random streams only within one build, so machines and numpy versions
-        are compared by this, not trusted to agree."""
-        digest = hashlib.sha256()
-        for batch in self.epoch_order(self.epoch if epoch is None else epoch):
-            digest.update(len(batch).to_bytes(8, "little"))
-            digest.update(batch.astype("<i8").tobytes())
-        return digest.hexdigest()
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        while True:
-            order = self.epoch_order(self.epoch)
-            while self.batches_done < len(order):
-                self.batches_done += 1
-                yield order[self.batches_done - 1]
-            self.epoch, self.batches_done = self.epoch + 1, 0
-
-    def state_dict(self) -> dict:
-        """The stream's position, and the digest of its epoch's order to check it by."""
-        return {
-            "epoch": self.epoch,
-            "batches_done": self.batches_done,
-            "batch_order": self.order_digest(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.batches_done = state["epoch"], state["batches_done"]

@@ -9,6 +9,7 @@ scaled by sqrt(d_model), and vocabularies whose positions are our SentencePiece 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import logging
 import os
@@ -56,7 +57,18 @@ EXPORT_FILES = frozenset(
         MANIFEST,
     }
 )
-QUANTIZATIONS = ("int8", "int8_float32", "float16")
+
+
+class Quantization(str, enum.Enum):
+    """How an export stores the weights: float32 as trained (none), int8 matrices and the rest
+    float32 (int8, or int8_float32: the same file), or float16 (for GPUs)."""
+
+    none = "none"
+    int8 = "int8"
+    int8_float32 = "int8_float32"
+    float16 = "float16"
+
+
 # Rows of the exported sinusoidal table: CTranslate2's default input limit (1,024 tokens), so
 # that longer input than the run was trained on is read, not refused, by a CTranslate2 user.
 POSITIONS = 1024
@@ -365,7 +377,7 @@ def export_run(
     run_dir: Path,
     out: Path,
     which: str = BEST,
-    quantize: str | None = None,
+    quantize: Quantization = Quantization.none,
     force: bool = False,
 ) -> Path:
     """Write a run's checkpoint as a CTranslate2 model directory `out`; return `out`.
@@ -376,8 +388,12 @@ def export_run(
     is refused (`files.lock_beside`).
     """
     ct2 = require_ctranslate2()
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ExportError(f"--quantize {quantize}: expected one of {', '.join(QUANTIZATIONS)}")
+    try:
+        quantize = Quantization(quantize)  # a plain string, from a script, is checked here
+    except ValueError:
+        choices = ", ".join(q.value for q in Quantization)
+        raise ExportError(f"--quantize {quantize}: expected one of {choices}") from None
+    level = None if quantize is Quantization.none else quantize.value
     target = destination(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     with lock_beside(target):  # two exports to one directory: the second is refused
@@ -386,14 +402,14 @@ def export_run(
         cfg, tokenizer, model = load_run(run_dir, torch.device("cpu"), which)
         spec = build_spec(cfg, tokenizer, model)
         spec.validate()
-        spec.optimize(quantization=quantize)
-        if quantize == "float16" and not ct2.get_cuda_device_count():
+        spec.optimize(quantization=level)
+        if quantize is Quantization.float16 and not ct2.get_cuda_device_count():
             log.warning(FLOAT16_ON_CPU, out)
         tmp = tmp_path(target)
         try:
             tmp.mkdir()
-            text = readme(run_dir, out, which, quantize, cfg)
-            write_directory(spec, tmp, tokenizer, cfg, text, quantize)
+            text = readme(run_dir, out, which, level, cfg)
+            write_directory(spec, tmp, tokenizer, cfg, text, level)
             replace_directory(tmp, target)
         except OSError as e:
             raise _named(e, tmp, target) from None

@@ -282,34 +282,27 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, d_model) attends to itself and to memory (B, S, d_model), the encoder output.
 
-        With a cache (incremental decoding) x holds only the newest positions, and the keys and
-        values of earlier positions and of the encoder output come from the cache.
+        With a cache (incremental decoding) x holds only the newest positions: their keys and
+        values join those of earlier positions in the cache, and the encoder output's keys and
+        values come from the cache, computed once for the whole search.
         """
-        if cache is not None:
-            return self._forward_cached(x, src_mask, tgt_mask, cache)
-        x = self.residuals[0](x, lambda y: self.self_attn(y, y, tgt_mask))
-        # Queries come from the decoder, keys and values from the encoder output.
-        x = self.residuals[1](x, lambda y: self.cross_attn(y, memory, src_mask))
-        return self.residuals[2](x, self.feed_forward)
 
-    def _forward_cached(
-        self,
-        x: torch.Tensor,
-        src_mask: torch.Tensor,
-        tgt_mask: torch.Tensor | None,
-        cache: LayerCache,
-    ) -> torch.Tensor:
-        """`forward`'s three sublayers, with keys and values kept from earlier steps."""
-
-        def self_attention(y):
-            # The new positions' keys and values join those of earlier positions in the cache.
-            k, v = cache.extend(*self.self_attn.keys_values(y))  # (B, h, past + T, d_head)
+        def self_attention(y: torch.Tensor) -> torch.Tensor:
+            k, v = self.self_attn.keys_values(y)  # (B, h, T, d_head)
+            if cache is not None:
+                k, v = cache.extend(k, v)  # (B, h, past + T, d_head)
             return self.self_attn.attend(y, k, v, tgt_mask)
 
+        def cross_attention(y: torch.Tensor) -> torch.Tensor:
+            # Queries come from the decoder, keys and values from the encoder output.
+            if cache is None:
+                k, v = self.cross_attn.keys_values(memory)  # (B, h, S, d_head)
+            else:
+                k, v = cache.cross_k, cache.cross_v
+            return self.cross_attn.attend(y, k, v, src_mask)
+
         x = self.residuals[0](x, self_attention)
-        x = self.residuals[1](
-            x, lambda y: self.cross_attn.attend(y, cache.cross_k, cache.cross_v, src_mask)
-        )
+        x = self.residuals[1](x, cross_attention)
         return self.residuals[2](x, self.feed_forward)
 
 

@@ -103,6 +103,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def peek_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's entries with its tensors mapped from the file, not read: its step or its
+    `finished` mark cost no more than a glance. Refused as `load_checkpoint` refuses it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # absent, damaged, foreign, or too old to map: load_checkpoint says which
+        return load_checkpoint(path)
+    check_state(path, state)
+    return state
+
+
 def check_state(path: Path, state: Any) -> None:
     """Refuse a loaded object that is not a checkpoint as mtrain writes them."""
 
@@ -189,26 +200,31 @@ def write_config(run_dir: Path, cfg: Config) -> None:
     write_atomic(run_dir / CONFIG_FILE, text)
 
 
-def build_model(cfg: Config, tokenizer: Tokenizer) -> Transformer:
-    """The model a config and tokenizer describe, freshly initialised."""
+def build_model(cfg: Config, tokenizer: Tokenizer | None = None) -> Transformer:
+    """The model a config and tokenizer describe, freshly initialised; without a tokenizer
+    (none trained yet), of the vocabulary size the config asks for."""
+    if tokenizer is None:
+        vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
+    else:
+        vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     return Transformer(
-        cfg.model,
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        cfg.data.max_positions(),
-        PAD_ID,
-        joint_vocab=cfg.tokenizer.joint,
+        cfg.model, *vocab, cfg.data.max_positions(), PAD_ID, joint_vocab=cfg.tokenizer.joint
     )
+
+
+def run_config(run_dir: Path) -> Config:
+    """A run directory's config; refused where there is none (not a run directory)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    return config_mod.load(path)
 
 
 def load_run(
     run_dir: Path, device: torch.device, which: str = BEST
 ) -> tuple[Config, Tokenizer, Transformer]:
     """Load a trained run's config, tokenizer and model (in eval mode) from its directory."""
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
-        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
-    cfg = config_mod.load(config_path)
+    cfg = run_config(run_dir)
     tokenizer = Tokenizer.load(run_dir)
     model, _ = load_model(resolve(run_dir, which), cfg, tokenizer, device)
     return cfg, tokenizer, model
@@ -259,10 +275,9 @@ def finished_record(path: Path) -> dict[str, Any] | None:
     """Why the run of last.pt `path` ended, and its learning rate then; None while it goes on
     (or unknown: no readable last.pt). Its tensors are not read."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # none yet, or damaged: `load_checkpoint` says why where it matters
+        finished = peek_checkpoint(path).get("finished")
+    except CheckpointError:  # none yet, or damaged: `load_checkpoint` says why where it matters
         return None
-    finished = state.get("finished") if isinstance(state, dict) else None
-    if not isinstance(finished, dict):
+    if finished is None:
         return None
     return {key: finished.get(key) for key in ("reason", "limit", "lr")}

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mtrain.batching import BatchPlan, BatchStream
 from mtrain.config import Config
 from mtrain.corpus import DataError, corpora, read_pairs
-from mtrain.data import Batch, ShapeGrid, encode_pairs, group_references
-from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
+from mtrain.data import Batch, encode_pairs, group_references
+from mtrain.dataset import TokenCorpus, drop_final_punctuation
 from mtrain.distributed import Group
 from mtrain.files import write_atomic
 from mtrain.prepare import prepare
@@ -70,12 +71,10 @@ class TrainingData:
         self.stream = BatchStream(
             self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
         )
-        # The stream's batches come from this grid; it gives each batch its padded shape.
-        self.grid = ShapeGrid(self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens)
         log.info(
             "training batches in %d shapes, %.1f%% of their positions padding",
-            len(self.grid.shapes),
-            100 * self.grid.padding,
+            len(self.stream.grid.shapes),
+            100 * self.stream.grid.padding,
         )
         if group.active:  # numpy's random streams differ between builds: compare, not trust
             mine = (self.stream.order_digest(0), np.__version__)
@@ -97,12 +96,12 @@ class TrainingData:
         mine = slice(group.rank * accumulate, (group.rank + 1) * accumulate)
         stream = iter(self.stream)
         while True:
-            indices = [next(stream) for _ in range(group.world_size * accumulate)]
+            plans = [next(stream) for _ in range(group.world_size * accumulate)]
             # Counted on the host from the lengths: no wait for a GPU, no exchange between ranks.
-            every = np.concatenate(indices)
+            every = np.concatenate([plan.indices for plan in plans])
             n_target = int(self.corpus.tgt_len[every].sum(dtype=np.int64)) + len(every)
             n_source = int(self.corpus.src_len[every].sum(dtype=np.int64))
-            batches = [self.batch(b) for b in indices[mine]]
+            batches = [self.batch(plan) for plan in plans[mine]]
             if self.drop_final_punct:
                 for batch in batches:
                     batch.src = drop_final_punctuation(
@@ -110,9 +109,9 @@ class TrainingData:
                     )
             yield Update(batches, n_target, n_source + n_target)
 
-    def batch(self, indices: np.ndarray) -> Batch:
-        """The batch of the stream that holds pairs `indices`, padded to its grid shape."""
-        return self.corpus.collate(indices).padded_to(self.grid.shape(indices))
+    def batch(self, plan: BatchPlan) -> Batch:
+        """A batch of the stream, read from the corpus and padded to its shape."""
+        return self.corpus.collate(plan.indices).padded_to(plan.shape)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the data: its fingerprints and the stream's position."""

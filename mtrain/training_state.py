@@ -31,6 +31,7 @@ from mtrain.run_dir import (
     average_checkpoints,
     check_tokenizer,
     load_checkpoint,
+    peek_checkpoint,
     save_checkpoint,
     save_copy,
     step_checkpoints,
@@ -218,12 +219,8 @@ class Checkpoints:
         step = None
         if expected and not self.last.exists():
             raise CheckpointError(f"{self.last}: no such checkpoint")
-        if self.last.exists():
-            try:
-                state = torch.load(self.last, map_location="cpu", weights_only=True, mmap=True)
-                step = state["step"]
-            except Exception:  # damaged or foreign: refused as a resume from it would be
-                step = load_checkpoint(self.last)["step"]
+        if self.last.exists():  # damaged or foreign: refused as a resume from it would be
+            step = peek_checkpoint(self.last)["step"]
         return Held(step, socket.gethostname(), str(self.last))
 
     def save_last(self, state: dict[str, Any]) -> None:

@@ -14,8 +14,9 @@ from typing import Protocol
 
 import torch
 
+from mtrain.batching import length_batches
 from mtrain.config import Config, DecodeConfig
-from mtrain.data import length_batches, pad, source_ids
+from mtrain.data import pad, source_ids
 from mtrain.decode import Hypothesis, Observer, OutputLayer, beam_search, greedy, length_limits
 from mtrain.model import Transformer
 from mtrain.text import normalize

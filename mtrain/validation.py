@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from mtrain import runtime
+from mtrain.batching import example_batches
 from mtrain.config import Config
-from mtrain.data import example_batches
 from mtrain.evaluate import Scores, score
 from mtrain.examples import ExampleTranslation, choose, translate_examples
 from mtrain.model import Transformer

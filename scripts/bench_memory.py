@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from mtrain import config
-from mtrain.data import ShapeGrid
-from mtrain.dataset import BatchStream, TokenCorpus
+from mtrain.batching import BatchStream
+from mtrain.dataset import TokenCorpus
 from mtrain.training_log import LOG_EVERY
 
 SAMPLE_SECONDS = 0.5  # how often the resident set is read, for its course over the run
@@ -84,14 +84,13 @@ def batch_figures(
     """The distinct (rows, source, decoder) shapes of the training batches of the first
     `steps` updates, their share of padded positions, and each update's tokens."""
     budget, accumulate = cfg.train.batch_tokens, cfg.train.accumulate
-    grid = ShapeGrid(corpus.src_len, corpus.tgt_len, budget)
     stream = iter(BatchStream(corpus.src_len, corpus.tgt_len, budget, cfg.train.seed))
     shapes, positions, per_update = set(), 0, []
     for _ in range(steps):
         tokens = 0
         for _ in range(accumulate):
-            indices = next(stream)
-            shape = grid.shape(indices)
+            plan = next(stream)
+            indices, shape = plan.indices, plan.shape
             shapes.add((shape.rows, shape.src_len, shape.tgt_len))
             positions += shape.rows * (shape.src_len + shape.tgt_len)
             src = corpus.src_len[indices].sum(dtype=np.int64)

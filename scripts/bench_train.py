@@ -142,8 +142,7 @@ def main() -> None:
         shapes.append((8192, 8192, 8192))
     peak = matmul_peak(shapes, device, dtype, say)  # measured again after training: the best
 
-    epoch = (data.batch(b) for b in data.stream.epoch_order(0))  # padded to the shape grid
-    epoch_padding = padding_fraction(epoch)
+    epoch_padding = data.stream.grid.padding  # of an epoch padded to the shape grid
 
     updates = data.updates(group, cfg.train.accumulate)
     start = time.perf_counter()
@@ -180,7 +179,7 @@ def main() -> None:
         say("tokens/s per rank: " + ", ".join(f"{t:,.0f}" for t in per_rank))
     say(f"tokens/s (source + target, non-padding): {sum(per_rank):,.0f}")
     say(f"padding fraction: {padding_fraction(timed):.1%} timed, {epoch_padding:.1%} epoch")
-    say(f"batch shapes (rows, source, target) a run meets: {len(data.grid.shapes)}")
+    say(f"batch shapes (rows, source, target) a run meets: {len(data.stream.grid.shapes)}")
     say(f"model FLOPs per token (training): {flops / n_tokens / 1e6:.1f} M")
     say(f"achieved{' (rank 0)' if group.active else ''}: {achieved / 1e9:,.1f} GFLOP/s")
     say(f"matmul peak ({str(dtype).removeprefix('torch.')}): {peak / 1e9:,.0f} GFLOP/s")

@@ -24,12 +24,11 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from mtrain import config
-from mtrain.commands.common import Quantize, load_translator
+from mtrain.commands.common import Decoding, Engine, load_engine
 from mtrain.corpus import corpora, read_pairs
 from mtrain.data import group_references
 from mtrain.evaluate import BLEU_TOKENIZERS, reference_streams
-from mtrain.run_dir import BEST, CONFIG_FILE
+from mtrain.run_dir import BEST, run_config
 
 OPTIONS = {"beam": int, "alpha": float, "checkpoint": str}
 
@@ -54,14 +53,14 @@ def parse_system(text: str) -> tuple[str, Path, dict]:
 
 def translate(run: Path, sources: list[str], options: dict) -> list[str]:
     """Best translations of `sources` by the run's model with these decoding options."""
-    _, _, translator = load_translator(
+    decoding = Decoding(
         run,
         "cpu",
-        options.get("beam"),
-        options.get("alpha"),
-        Quantize.none,
-        options.get("checkpoint", BEST),
+        checkpoint=options.get("checkpoint", BEST),
+        beam=options.get("beam"),
+        alpha=options.get("alpha"),
     )
+    _, _, translator = load_engine(Engine.mtrain, decoding)
     return [t[0].text for t in translator.stream(sources)]
 
 
@@ -74,7 +73,7 @@ def main() -> None:
     if len(args.system) < 2:
         parser.error("name at least two systems: the baseline, then the others")
 
-    data = config.load(args.system[0][1] / CONFIG_FILE).data
+    data = run_config(args.system[0][1]).data
     (corpus,) = corpora(getattr(data, args.split), data.swap_columns)
     sources, references = group_references(
         read_pairs(corpus, data.src_lang, data.tgt_lang, scored=True)

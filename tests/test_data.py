@@ -2,31 +2,22 @@ import hashlib
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from mtrain import config, data
 from mtrain.corpus import Corpus, read_pairs
 from mtrain.data import (
     Batch,
     DataError,
     Example,
     Shape,
-    ShapeGrid,
     decode_lines,
     encode_pairs,
     group_references,
     read_lines,
-    sorted_batches,
-    split_batches,
-    token_batches,
 )
-from mtrain.dataset import BatchStream, TokenCorpus, drop_final_punctuation
+from mtrain.dataset import drop_final_punctuation
 from mtrain.optim import loss_fn
-from mtrain.prepare import prepare
 from mtrain.text import normalize
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -193,65 +184,6 @@ def test_empty_pairs_are_dropped(tokenizer):
     assert len(encode_pairs(tokenizer, [("", "one"), ("一", ""), ("一", "one")], 8, 8)) == 1
 
 
-def random_lengths(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.integers(2, 31, n).astype(np.uint16), rng.integers(1, 30, n).astype(np.uint16)
-
-
-def greedy_batches(order, src_len, tgt_len, batch_tokens):
-    """The one-pair-at-a-time greedy batching that token_batches computes a batch at a time."""
-    batches, current, max_src, max_tgt = [], [], 0, 0
-    for i in order:
-        new_src, new_tgt = max(max_src, int(src_len[i])), max(max_tgt, int(tgt_len[i]) + 1)
-        if current and (len(current) + 1) * (new_src + new_tgt) > batch_tokens:
-            batches.append(current)
-            current, new_src, new_tgt = [], int(src_len[i]), int(tgt_len[i]) + 1
-        current.append(int(i))
-        max_src, max_tgt = new_src, new_tgt
-    return [*batches, current]
-
-
-def test_token_batches_cover_every_pair_once_within_budget():
-    src_len, tgt_len = random_lengths(500)
-    batches = token_batches(src_len, tgt_len, 200, np.random.default_rng(1))
-    flat = sorted(int(i) for b in batches for i in b)
-    assert flat == list(range(500))
-    for b in batches:
-        assert len(b) * (src_len[b].max() + tgt_len[b].max() + 1) <= 200
-    same = token_batches(src_len, tgt_len, 200, np.random.default_rng(1))
-    assert all(np.array_equal(a, b) for a, b in zip(batches, same))
-    other = token_batches(src_len, tgt_len, 200, np.random.default_rng(2))
-    assert not all(np.array_equal(a, b) for a, b in zip(batches, other))
-
-
-def test_split_batches_is_the_greedy_partition():
-    src_len, tgt_len = random_lengths(2000, seed=4)
-    src_len[:3] = 60  # pairs that fill a batch alone
-    order = np.random.default_rng(5).permutation(2000)
-    order = order[np.lexsort((tgt_len[order], src_len[order]))]
-    got = [b.tolist() for b in split_batches(order, src_len, tgt_len, 150)]
-    assert got == greedy_batches(order, src_len, tgt_len, 150)
-    shuffled = np.random.default_rng(6).permutation(2000)  # any order, not only sorted
-    got = [b.tolist() for b in split_batches(shuffled, src_len, tgt_len, 150)]
-    assert got == greedy_batches(shuffled, src_len, tgt_len, 150)
-
-
-def test_batch_stream_resumes_exactly_where_it_stopped():
-    src_len, tgt_len = random_lengths(300)
-    stream = BatchStream(src_len, tgt_len, 200, seed=3)
-    batches = iter(stream)
-    for _ in range(70):  # past the end of the first epoch
-        next(batches)
-    assert stream.epoch == 1
-    state = stream.state_dict()
-    expected = [next(batches) for _ in range(40)]
-
-    resumed = BatchStream(src_len, tgt_len, 200, seed=3)
-    resumed.load_state_dict(state)
-    got = [b for b, _ in zip(resumed, range(40))]
-    assert all(np.array_equal(a, b) for a, b in zip(got, expected))
-
-
 def test_final_punctuation_is_dropped_with_its_probability():
     punctuation = torch.tensor([9])
     src = torch.tensor([[5, 9, EOS_ID], [5, 6, EOS_ID], [9, EOS_ID, PAD_ID]] * 2000)
@@ -268,87 +200,13 @@ def test_final_punctuation_is_dropped_with_its_probability():
     )
 
 
-def test_the_batch_order_digest_is_of_the_final_order(monkeypatch):
-    src_len, tgt_len = random_lengths(300)
-    stream = BatchStream(src_len, tgt_len, 200, seed=3)
-    digest = stream.order_digest()
-    assert stream.state_dict()["batch_order"] == digest
-    assert BatchStream(src_len, tgt_len, 200, seed=3).order_digest() == digest
-    assert stream.order_digest(1) != digest  # each epoch its own order
-    assert BatchStream(src_len, tgt_len, 200, seed=4).order_digest() != digest
-    swapped = BatchStream(src_len, tgt_len, 200, seed=3)
-    order = swapped.epoch_order(0)
-    order[0], order[1] = order[1], order[0]  # the same batches, two of them swapped
-    assert swapped.order_digest() != digest
-
-
-@pytest.fixture(scope="module")
-def shipped_corpus(tmp_path_factory) -> tuple[TokenCorpus, config.Config]:
-    """The shipped training corpus, prepared as configs/default.yaml prepares it."""
-    cfg = config.load(REPO / "configs" / "default.yaml")
-    for key in ("train", "dev", "test"):
-        setattr(cfg.data, key, str(REPO / getattr(cfg.data, key)))
-    cfg.data.prepared_dir = str(tmp_path_factory.mktemp("prepared"))
-    return TokenCorpus(prepare(cfg, workers=2)), cfg
-
-
-def test_shipped_corpus_meets_few_shapes_little_padding_and_full_batches(shipped_corpus):
-    corpus, cfg = shipped_corpus
-    budget = cfg.train.batch_tokens
-    grid = ShapeGrid(corpus.src_len, corpus.tgt_len, budget)
-    stream = BatchStream(corpus.src_len, corpus.tgt_len, budget, cfg.train.seed)
-    met, tokens, positions = set(), 0, 0
-    for epoch in range(3):  # the grid depends on the lengths alone: epochs meet the same shapes
-        batches = stream.epoch_order(epoch)
-        assert sorted(np.concatenate(batches).tolist()) == list(range(len(corpus)))
-        for indices in batches:
-            batch = corpus.collate(indices).padded_to(grid.shape(indices))
-            rows, src_len = batch.src.shape
-            met.add((rows, src_len, batch.tgt_in.size(1)))
-            assert rows * (src_len + batch.tgt_in.size(1)) <= budget
-            if epoch == 0:
-                tokens += batch.n_tokens
-                positions += batch.src.numel() + batch.tgt_out.numel()
-    assert met == {(s.rows, s.src_len, s.tgt_len) for s in grid.shapes}
-    assert len(met) <= data.MAX_SHAPES
-    padding = 1 - tokens / positions
-    assert padding == pytest.approx(grid.padding) and padding < 0.10
-    assert tokens == corpus.src_len.sum() + corpus.tgt_len.sum() + len(corpus)  # </s> or <s>
-    # Batches stay full: about as many updates an epoch as batches padded to their longest.
-    unpadded = sorted_batches(corpus.src_len, corpus.tgt_len, budget, np.random.default_rng(0))
-    assert len(batches) <= 1.02 * len(unpadded)
-
-
-# Lengths up to 71 source and decoder positions; budgets that hold one pair of each.
-lengths = st.lists(st.tuples(st.integers(1, 71), st.integers(0, 70)), min_size=1, max_size=3000)
-
-
-@settings(max_examples=60, deadline=None)
-@given(lengths, st.integers(142, 4000), st.integers(0, 2**32 - 1), st.integers(3, 64))
-def test_grid_batches_cover_each_pair_once_in_few_full_shapes(pairs, budget, seed, max_shapes):
-    src_len = np.array([s for s, _ in pairs], np.uint16)
-    tgt_len = np.array([t for _, t in pairs], np.uint16)
-    original, data.MAX_SHAPES = data.MAX_SHAPES, max_shapes  # crosses the search for fewer
-    try:
-        grid, again = [ShapeGrid(src_len, tgt_len, budget) for _ in range(2)]
-    finally:
-        data.MAX_SHAPES = original
-    assert len(grid.shapes) <= max_shapes
-    batches = grid.batches(np.random.default_rng(seed))
-    assert sorted(np.concatenate(batches).tolist()) == list(range(len(pairs)))
-    partial = 0
-    for indices in batches:
-        shape = grid.shape(indices)
-        assert shape.rows * (shape.src_len + shape.tgt_len) <= budget
-        assert src_len[indices].max() <= shape.src_len
-        assert tgt_len[indices].max() + 1 <= shape.tgt_len
-        assert len(indices) <= shape.rows
-        partial += len(indices) < shape.rows
-    assert partial <= 1  # only the last cell may end in a batch it does not fill
-    # The same lengths, budget and seed make the same batches (what an exact resume relies on).
-    repeated = again.batches(np.random.default_rng(seed))
-    assert len(repeated) == len(batches)
-    assert all(np.array_equal(a, b) for a, b in zip(batches, repeated))
+def test_a_batch_is_never_padded_to_a_shape_smaller_than_itself():
+    batch = Batch.collate([Example([5, 6, EOS_ID], [7, 8]), Example([5, EOS_ID], [7])])
+    assert batch.src.shape == (2, 3) and batch.tgt_in.shape == (2, 3)
+    assert batch.padded_to(Shape(rows=2, src_len=3, tgt_len=3)).src.equal(batch.src)
+    for smaller in (Shape(1, 3, 3), Shape(2, 2, 3), Shape(2, 3, 2)):
+        with pytest.raises(ValueError, match="does not fit"):
+            batch.padded_to(smaller)
 
 
 def test_rows_and_columns_of_padding_change_neither_loss_nor_gradients():

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from mtrain import config, distributed
-from mtrain.dataset import BatchStream
+from mtrain.batching import BatchStream
 from mtrain.distributed import Group
 from mtrain.run_dir import CheckpointError, load_checkpoint
 from mtrain.train import Trainer
@@ -144,7 +144,7 @@ def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(co
     stream = BatchStream(corpus.src_len, corpus.tgt_len, cfg.train.batch_tokens, cfg.train.seed)
     assert len(stream.epoch_order(0)) % 6, "the test needs an epoch that 6 batches do not divide"
     batches = iter(stream)
-    expected = [next(batches).tolist() for _ in range(10 * 6)]
+    expected = [next(batches).indices.tolist() for _ in range(10 * 6)]
     taken = reports[0]["consumed"] + reports[1]["consumed"]
     assert sorted(map(tuple, taken)) == sorted(map(tuple, expected))
 

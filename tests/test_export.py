@@ -339,6 +339,7 @@ def test_translate_with_the_ctranslate2_engine(ct2, trained_run, tmp_path, capsy
     for args, message in (
         (["--run", str(trained_run)], "export it first: mtrain export"),
         (["--run", str(out), "--trace"], "need --engine mtrain"),
+        (["--run", str(out), "--checkpoint", "last.pt"], "--checkpoint needs --engine mtrain"),
         ([], "needs --run DIR"),
     ):
         assert main_status(["translate", "--engine", "ctranslate2", "一", *args]) == 2

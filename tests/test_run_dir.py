@@ -1,9 +1,19 @@
-"""Checkpoint averaging."""
+"""Checkpoint averaging, and glances at a checkpoint that read its step or its end."""
 
 import pytest
 import torch
 
-from mtrain.run_dir import CheckpointError, average_checkpoints, save_checkpoint
+from mtrain.config import TrainConfig
+from mtrain.run_dir import (
+    LAST,
+    CheckpointError,
+    average_checkpoints,
+    finished_record,
+    load_checkpoint,
+    peek_checkpoint,
+    save_checkpoint,
+)
+from mtrain.training_state import Checkpoints
 
 from .synthetic import small_model
 
@@ -42,3 +52,32 @@ def test_averaging_refuses_checkpoints_of_other_tokenizers_or_shapes(tmp_path):
     other_shape = save_model(tmp_path / "c.pt", small_model(30, 50), 3)
     with pytest.raises(CheckpointError, match="cannot average"):
         average_checkpoints([a, other_shape])
+
+
+@pytest.mark.parametrize(
+    "state, why",
+    [
+        ({"model": {}, "step": "7"}, "'step' holds a str"),
+        ({"model": {"w": [1.0]}, "step": 7}, "other things than named tensors"),
+        ({"step": 7}, "no model weights"),
+    ],
+)
+def test_a_glance_at_a_checkpoint_refuses_what_loading_it_refuses(tmp_path, state, why):
+    path = tmp_path / LAST
+    save_checkpoint(path, {**state, "finished": {"reason": "max_steps", "lr": 0.0}})
+    with pytest.raises(CheckpointError, match=why):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=why):
+        peek_checkpoint(path)
+    with pytest.raises(CheckpointError, match=why):
+        Checkpoints(tmp_path, TrainConfig()).held()
+    assert finished_record(path) is None  # `mtrain info` shows no end read from it
+
+
+def test_a_glance_at_a_checkpoint_reads_its_step_and_end(tmp_path):
+    path = save_model(tmp_path / LAST, small_model(30, 40), 7)
+    assert Checkpoints(tmp_path, TrainConfig()).held().step == 7
+    assert finished_record(path) is None  # still running
+    finished = {"reason": "max_steps", "limit": 7, "lr": 0.0}
+    save_checkpoint(path, {**load_checkpoint(path), "finished": finished})
+    assert finished_record(path) == finished

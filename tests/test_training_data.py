@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from mtrain import config, dataset
+from mtrain import batching, config
 from mtrain.corpus import DataError
 from mtrain.distributed import Group
 from mtrain.prepared import identity
@@ -32,16 +32,17 @@ def cfg(corpus, tmp_path) -> config.Config:
     return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus))
 
 
-def reordered(token_batches):
-    """`token_batches` as another numpy build might give it: the same batches, another order."""
-    return lambda *args: token_batches(*args)[::-1]
+def reordered(batches):
+    """`ShapeGrid.batches` as another numpy build might give it: the same batches, another
+    order."""
+    return lambda *args: batches(*args)[::-1]
 
 
 def test_a_resume_in_another_batch_order_is_refused(cfg, tmp_path, monkeypatch):
     state = TrainingData(cfg, tmp_path, Group(), False).state_dict()
     assert len(state["batch_order"]) == 64
     TrainingData(cfg, tmp_path, Group(), False).check_unchanged(state, tmp_path / "last.pt")
-    monkeypatch.setattr(dataset, "token_batches", reordered(dataset.token_batches))
+    monkeypatch.setattr(batching.ShapeGrid, "batches", reordered(batching.ShapeGrid.batches))
     other = TrainingData(cfg, tmp_path, Group(), False)
     with pytest.raises(CheckpointError, match=r"last\.pt: epoch 0's batch order differs here"):
         other.check_unchanged(state, tmp_path / "last.pt")
@@ -61,7 +62,7 @@ def test_a_rank_whose_batch_order_differs_from_rank_0s_is_refused(cfg, tmp_path,
     main = TrainingData(cfg, tmp_path, Group(), False)
     expected = identity(main.corpus.manifest), (main.stream.order_digest(0), np.__version__)
     TrainingData(cfg, tmp_path, Replies(rank=1, world_size=2, replies=list(expected)), False)
-    monkeypatch.setattr(dataset, "token_batches", reordered(dataset.token_batches))
+    monkeypatch.setattr(batching.ShapeGrid, "batches", reordered(batching.ShapeGrid.batches))
     group = Replies(rank=1, world_size=2, replies=list(expected))
     with pytest.raises(DataError, match="rank 1: the batch order differs from rank 0's"):
         TrainingData(cfg, tmp_path, group, False)

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig
-from mtrain.data import length_batches
 from mtrain.model import Transformer
 from mtrain.tokenizer import PAD_ID
 from mtrain.translator import Translator
@@ -24,15 +23,6 @@ def translator(tokenizer) -> Translator:
     )
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, 16, PAD_ID)
     return Translator(model, tokenizer, cfg, torch.device("cpu"))
-
-
-def test_length_batches_sort_and_respect_the_budget():
-    lengths = [5, 1, 9, 3, 3, 7, 2]
-    batches = length_batches(lengths, 10)
-    assert sorted(i for b in batches for i in b) == list(range(7))
-    order = [lengths[i] for b in batches for i in b]
-    assert order == sorted(order)
-    assert all(len(b) * max(lengths[i] for i in b) <= 10 for b in batches)
 
 
 def test_output_does_not_depend_on_batching(translator):

@@ -1,4 +1,5 @@
-"""What the commands share: options, logging, errors, finding a run and loading it to translate."""
+"""What the commands share: options, logging, errors, finding a run, and the engine that
+translates with it (for translate, eval, serve and plot)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +20,7 @@ import typer
 
 from mtrain import config, corpus, ct2_engine, runtime
 from mtrain.config import MAX_ALPHA, Config, DecodeConfig
-from mtrain.run_dir import CONFIG_FILE, latest_run, load_run
+from mtrain.run_dir import BEST, latest_run, load_run
 from mtrain.translator import TextTranslator, Translator
 
 RUNS_ROOT = Path("runs")
@@ -28,8 +30,17 @@ log = logging.getLogger("mtrain")
 
 
 class Quantize(str, enum.Enum):
+    """Computing in int8 as it translates (CPU only), whatever the weights are stored as."""
+
     none = "none"
     int8 = "int8"
+
+
+class Engine(str, enum.Enum):
+    """What searches: mtrain on PyTorch, or CTranslate2 on a directory `mtrain export` wrote."""
+
+    mtrain = "mtrain"
+    ctranslate2 = "ctranslate2"
 
 
 RunOption = Annotated[
@@ -58,6 +69,15 @@ AlphaOption = Annotated[
 QuantizeOption = Annotated[
     Quantize,
     typer.Option(help="int8: dynamic int8 quantization of the linear layers (CPU only)."),
+]
+
+
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        help="mtrain: the run's checkpoint, on PyTorch. ctranslate2: a directory written by "
+        "`mtrain export`, given as --run; needs `pip install ctranslate2`.",
+    ),
 ]
 
 
@@ -144,6 +164,7 @@ def private_temporary_dir(name: str) -> Path:
 
 
 def resolve_run(run: Path | None) -> Path:
+    """The run asked for, or the latest under ./runs/."""
     if run is not None:
         return run
     run = latest_run(RUNS_ROOT)
@@ -151,34 +172,50 @@ def resolve_run(run: Path | None) -> Path:
     return run
 
 
-def run_directory(run: Path | None) -> Path:
-    """The run asked for, or the latest; refused unless it holds a config."""
-    run_dir = resolve_run(run)
-    if not (run_dir / CONFIG_FILE).is_file():
-        fail(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
-    return run_dir
+@dataclass
+class Decoding:
+    """The model to translate with, where it runs, and how it searches: what an engine reads."""
+
+    run: Path | None  # a run directory (mtrain), an exported one (ctranslate2); None: the latest
+    device: str = "auto"
+    quantize: Quantize = Quantize.none
+    checkpoint: str = BEST
+    beam: int | None = None  # None: the run's
+    alpha: float | None = None  # None: the run's
+    nbest: int = 1
 
 
-def load_translator(
-    run: Path | None,
-    device: str,
-    beam: int | None,
-    alpha: float | None,
-    quantize: Quantize,
-    which: str,
-    nbest: int = 1,
-) -> tuple[Path, Config, Translator]:
-    """Load a run and wrap it in a Translator with the decoding options asked for."""
-    torch_device = runtime.pick_device(device)
+def load_engine(engine: Engine, d: Decoding) -> tuple[Path, Config, TextTranslator]:
+    """The directory, config and Translator of `engine` reading `d`'s model: the one place
+    that chooses an engine, for every command that translates."""
+    if engine is Engine.ctranslate2:
+        if d.checkpoint != BEST:
+            fail("--checkpoint needs --engine mtrain")
+        return _ctranslate2_translator(d)
+    return _torch_translator(d)
+
+
+def _torch_translator(d: Decoding) -> tuple[Path, Config, Translator]:
+    """A run's checkpoint in a Translator that mtrain drives on PyTorch."""
+    torch_device = runtime.pick_device(d.device)
     runtime.configure(torch_device)
-    run_dir = resolve_run(run)
-    cfg, tokenizer, model = load_run(run_dir, torch_device, which)
-    if quantize is Quantize.int8:
+    run_dir = resolve_run(d.run)
+    cfg, tokenizer, model = load_run(run_dir, torch_device, d.checkpoint)
+    if d.quantize is Quantize.int8:
         if torch_device.type != "cpu":
             fail("--quantize int8 runs on the CPU only; add --device cpu")
         model = runtime.quantize_int8(model)
-    decode = decode_options(cfg, beam, alpha, nbest)
-    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, nbest)
+    decode = decode_options(cfg, d.beam, d.alpha, d.nbest)
+    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, d.nbest)
+
+
+def _ctranslate2_translator(d: Decoding) -> tuple[Path, Config, TextTranslator]:
+    """A directory written by `mtrain export` in a Translator that CTranslate2 drives."""
+    if d.run is None:
+        fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")
+    cfg, tokenizer, engine = ct2_engine.load(d.run, d.device, d.quantize is Quantize.int8)
+    decode = decode_options(cfg, d.beam, d.alpha, d.nbest)
+    return d.run, cfg, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, d.nbest)
 
 
 def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: int) -> DecodeConfig:
@@ -190,22 +227,6 @@ def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: in
     if nbest > decode.beam_size:
         fail(f"--nbest {nbest} needs --beam {nbest} or more")
     return decode
-
-
-def load_ct2_translator(
-    model_dir: Path | None,
-    device: str,
-    beam: int | None,
-    alpha: float | None,
-    quantize: Quantize,
-    nbest: int = 1,
-) -> tuple[Path, Config, TextTranslator]:
-    """Load a directory written by `mtrain export` into a Translator that CTranslate2 drives."""
-    if model_dir is None:
-        fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")
-    cfg, tokenizer, engine = ct2_engine.load(model_dir, device, quantize is Quantize.int8)
-    decode = decode_options(cfg, beam, alpha, nbest)
-    return model_dir, cfg, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, nbest)
 
 
 def resolve_data(cfg: Config, config_path: Path) -> None:

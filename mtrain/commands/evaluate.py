@@ -12,15 +12,17 @@ from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
     CheckpointOption,
+    Decoding,
     DeviceOption,
+    Engine,
     JsonOption,
     Quantize,
     QuantizeOption,
     RunOption,
     fail,
-    load_translator,
+    load_engine,
     log,
-    run_directory,
+    resolve_run,
     setup_logging,
 )
 from mtrain.corpus import corpora, read_pairs
@@ -31,6 +33,7 @@ from mtrain.run_dir import (
     AVERAGED,
     BEST,
     average_checkpoints,
+    run_config,
     save_checkpoint,
     step_checkpoints,
 )
@@ -71,7 +74,8 @@ def evaluate(
     setup_logging()
     if (src is None) != (ref is None):
         fail("--src and --ref go together")
-    run_dir, cfg, translator = load_translator(run, device, beam, alpha, quantize, which)
+    decoding = Decoding(run, device, quantize, which, beam, alpha)
+    run_dir, cfg, translator = load_engine(Engine.mtrain, decoding)
     if src is None:
         (test,) = corpora(cfg.data.test, cfg.data.swap_columns)  # a TSV file or {src, tgt}
         sources, references = group_references(
@@ -136,7 +140,8 @@ def average(
     Translate or evaluate with it by adding --checkpoint averaged.pt.
     """
     setup_logging()
-    run_dir = run_directory(run)
+    run_dir = resolve_run(run)
+    run_config(run_dir)  # refused unless it is a run directory
     with DirectoryLock(run_dir):  # training writes averaged.pt too
         paths = step_checkpoints(run_dir)
         if len(paths) < last:

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from mtrain.commands.common import CheckpointOption, setup_logging
-from mtrain.export import export_run
+from mtrain.export import Quantization, export_run
 from mtrain.run_dir import BEST
-
-
-class ExportQuantize(str, enum.Enum):
-    none = "none"
-    int8 = "int8"
-    int8_float32 = "int8_float32"
-    float16 = "float16"
 
 
 def export(
@@ -27,13 +19,13 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the model into.")],
     which: CheckpointOption = BEST,
     quantize: Annotated[
-        ExportQuantize,
+        Quantization,
         typer.Option(
             help="int8 or int8_float32: int8 matrices, the rest float32 (the same file for "
             "mtrain's float32 weights); float16: for GPUs (a CPU computes in float32 from the "
             "rounded weights: outputs differ). Default: float32, as trained.",
         ),
-    ] = ExportQuantize.none,
+    ] = Quantization.none,
     force: Annotated[
         bool,
         typer.Option(
@@ -50,5 +42,4 @@ def export(
     ctranslate2 --run DIR` translates with it. Needs CTranslate2: pip install ctranslate2.
     """
     setup_logging()
-    level = None if quantize is ExportQuantize.none else quantize.value
-    typer.echo(str(export_run(run, out, which, level, force)))
+    typer.echo(str(export_run(run, out, which, quantize, force)))

@@ -12,9 +12,9 @@ import typer
 import yaml
 
 from mtrain import config
-from mtrain.commands.common import JsonOption, fail, run_directory, setup_logging
+from mtrain.commands.common import JsonOption, fail, resolve_run, setup_logging
 from mtrain.config import Config
-from mtrain.run_dir import CONFIG_FILE, training_summary
+from mtrain.run_dir import build_model, run_config, training_summary
 
 if TYPE_CHECKING:
     from mtrain.model_map import Part
@@ -44,25 +44,21 @@ def info(
     checkpoints, and its config.
     """
     from mtrain import model_map
-    from mtrain.model import Transformer
 
     setup_logging()
     if run is not None and config_path is not None:
         fail("give a run or --config, not both")
     if config_path is not None:
         cfg, tokenizer, summary = config.load(config_path), None, None
-        vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
     else:
         run, cfg, tokenizer, summary = read_run(run)
-        vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    positions = cfg.data.max_positions()
-    model = Transformer(cfg.model, *vocab, positions, 0, joint_vocab=cfg.tokenizer.joint)
+    model = build_model(cfg, tokenizer)
     parts = model_map.parts(model)
     tokenizers = {
         "joint": cfg.tokenizer.joint,
         "model_type": cfg.tokenizer.model_type,
-        "src_vocab": vocab[0],
-        "tgt_vocab": vocab[1],
+        "src_vocab": model.src_embed.tokens.num_embeddings,
+        "tgt_vocab": model.tgt_embed.tokens.num_embeddings,
         "trained": tokenizer is not None,
     }
     if as_json:
@@ -85,8 +81,8 @@ def read_run(run: Path | None) -> tuple[Path, Config, Tokenizer, dict[str, Any]]
     """A run's config, tokenizer and training summary; the latest run when none is named."""
     from mtrain.tokenizer import Tokenizer
 
-    run = run_directory(run)
-    cfg = config.load(run / CONFIG_FILE)
+    run = resolve_run(run)
+    cfg = run_config(run)
     tokenizer = Tokenizer.load(run)
     return run, cfg, tokenizer, training_summary(run)
 

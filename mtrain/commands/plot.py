@@ -7,19 +7,19 @@ from typing import Annotated
 
 import typer
 
-from mtrain import config
 from mtrain.commands.common import (
-    Quantize,
+    Decoding,
+    Engine,
     RunOption,
     fail,
-    load_translator,
+    load_engine,
     log,
     quiet_matplotlib_dirs,
     resolve_run,
     setup_logging,
 )
 from mtrain.config import Config
-from mtrain.run_dir import CONFIG_FILE, CheckpointError
+from mtrain.run_dir import CheckpointError, run_config
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -86,7 +86,7 @@ def positional(
 
     setup_logging()
     run = optional_run(run)
-    cfg = config.load(run / CONFIG_FILE) if run else Config()
+    cfg = run_config(run) if run else Config()
     positions = draw_positional(cfg.model.d_model, cfg.data.max_positions())
     typer.echo(str(save(positions, output)))
 
@@ -125,7 +125,7 @@ def masks(
         tgt_ids = [list(range(4, 4 + len(p))) for p in tgt_pieces] if tgt else None
         max_src_len = Config().data.max_src_len
     else:
-        _, cfg, translator = load_translator(run, "cpu", 1, None, Quantize.none, "best.pt")
+        _, cfg, translator = load_engine(Engine.mtrain, Decoding(run, "cpu", beam=1))
         sources = [normalize(t, cfg.data.src_lang) for t in texts]
         if not tgt:
             tgt = translator.translate(sources)

@@ -12,18 +12,19 @@ import typer
 
 from mtrain.commands.common import (
     CheckpointOption,
+    Decoding,
     DeviceOption,
+    Engine,
+    EngineOption,
     Quantize,
     QuantizeOption,
     RunOption,
     fail,
-    load_ct2_translator,
-    load_translator,
+    load_engine,
     log,
     resolve_run,
     setup_logging,
 )
-from mtrain.commands.translate import Engine, EngineOption
 from mtrain.files import stamp
 from mtrain.run_dir import BEST, resolve
 from mtrain.serve.batcher import Policy, PolicyError
@@ -217,18 +218,15 @@ def serve(
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
         fail(f"cannot listen on {host} port {port}: {reason}")
-    if engine is Engine.ctranslate2:
-        if which != BEST:
-            fail("--checkpoint needs --engine mtrain")
-        run_dir, cfg, translator = load_ct2_translator(run, device, None, None, quantize)
-        watcher, step = None, None
-    else:
+    if engine is Engine.mtrain:  # a run still training: wait for its first best.pt
         from mtrain.serve.reload import ModelWatcher, wait_for_checkpoint
 
         run = resolve_run(run)
         wait_for_checkpoint(resolve(run, which), run)
         before = stamp(resolve(run, which))
-        run_dir, cfg, translator = load_translator(run, device, None, None, quantize, which)
+    run_dir, cfg, translator = load_engine(engine, Decoding(run, device, quantize, which))
+    watcher, step = None, None
+    if engine is Engine.mtrain:
         int8 = quantize is Quantize.int8
         watcher, step = ModelWatcher.after_load(run_dir / which, translator, int8, before)
     policy = dataclasses.replace(policy, batch_tokens=cfg.decode.batch_tokens)

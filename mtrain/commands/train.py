@@ -20,7 +20,7 @@ from mtrain.commands.common import (
 )
 from mtrain.config import Config
 from mtrain.files import LOCK_FILE, DirectoryLock, remove_leftovers
-from mtrain.run_dir import BEST, CONFIG_FILE, LAST, step_checkpoints, write_config
+from mtrain.run_dir import BEST, CONFIG_FILE, LAST, run_config, step_checkpoints, write_config
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +45,7 @@ def is_run_dir(path: Path) -> bool:
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
     """Refuse to resume a run with a config other than its own (but for its limits)."""
-    saved = config.load(run_dir / CONFIG_FILE).to_dict()
+    saved = run_config(run_dir).to_dict()
     new = cfg.to_dict()
     for section, values in new.items():
         for key, value in values.items():

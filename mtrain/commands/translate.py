@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, TextIO
 
@@ -20,18 +18,19 @@ from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
     CheckpointOption,
+    Decoding,
     DeviceOption,
+    Engine,
+    EngineOption,
     Quantize,
     QuantizeOption,
     RunOption,
     fail,
-    load_ct2_translator,
-    load_translator,
+    load_engine,
     log,
     quiet_matplotlib_dirs,
     setup_logging,
 )
-from mtrain.config import Config
 from mtrain.data import decode_lines
 from mtrain.figures.attention import save_figures
 from mtrain.files import (
@@ -43,14 +42,9 @@ from mtrain.files import (
     output_kind,
 )
 from mtrain.run_dir import BEST
-from mtrain.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from mtrain.tokenizer import Tokenizer
 from mtrain.trace import Tracer, format_trace
 from mtrain.translator import Inspection, Translation, Translator
-
-
-class Engine(str, enum.Enum):
-    mtrain = "mtrain"
-    ctranslate2 = "ctranslate2"
 
 
 def inspect_line(
@@ -87,16 +81,9 @@ def draw_attention(
     """--attention: the line's attention maps, as PNG files named from `stem`."""
     tokens = result.hypotheses[0].tokens
     maps = recorder.maps(tokens)
-    ended = maps.cross[0].size(1) > len(tokens)  # a last query row that chose </s>
-    out_ids = [*tokens, EOS_ID] if ended else tokens
-    return save_figures(
-        maps,
-        tokenizer.src.id_to_piece(result.src),
-        tokenizer.tgt.id_to_piece([BOS_ID, *out_ids[:-1]]),
-        tokenizer.tgt.id_to_piece(out_ids),
-        f"{text} → {result.translations[0].text}",
-        stem,
-    )
+    labels = maps.axis_labels(result.src, tokens, tokenizer)
+    title = f"{text} → {result.translations[0].text}"
+    return save_figures(maps, labels.source, labels.decoder_input, labels.output, title, stem)
 
 
 def read_line(prompt: str) -> str:
@@ -186,41 +173,6 @@ AttentionOption = Annotated[
 ]
 
 
-EngineOption = Annotated[
-    Engine,
-    typer.Option(
-        help="mtrain: the run's checkpoint, on PyTorch. ctranslate2: a directory written by "
-        "`mtrain export`, given as --run; needs `pip install ctranslate2`.",
-    ),
-]
-
-
-@dataclass
-class Decoding:
-    """The model to translate with, where it runs, and how it searches: what an engine reads."""
-
-    run: Path | None
-    device: str
-    quantize: Quantize
-    checkpoint: str
-    beam: int | None
-    alpha: float | None
-    nbest: int
-
-
-def torch_engine(d: Decoding) -> tuple[Path, Config, Translator]:
-    """The run's checkpoint, searched by mtrain on PyTorch."""
-    return load_translator(d.run, d.device, d.beam, d.alpha, d.quantize, d.checkpoint, d.nbest)
-
-
-def ctranslate2_engine(d: Decoding) -> tuple[Path, Config, Translator]:
-    """A directory written by `mtrain export`, searched by CTranslate2."""
-    return load_ct2_translator(d.run, d.device, d.beam, d.alpha, d.quantize, d.nbest)
-
-
-ENGINES = {Engine.mtrain: torch_engine, Engine.ctranslate2: ctranslate2_engine}
-
-
 def translate(
     texts: TextsArgument = None,
     input_path: InputOption = None,
@@ -248,10 +200,10 @@ def translate(
     setup_logging()
     if texts and input_path:
         fail("give sentences as arguments or --input, not both")
-    if engine is Engine.ctranslate2 and (trace or attention or which != BEST):
-        fail("--trace, --attention and --checkpoint need --engine mtrain")
+    if engine is Engine.ctranslate2 and (trace or attention):
+        fail("--trace and --attention need --engine mtrain")
     decoding = Decoding(run, device, quantize, which, beam, alpha, nbest)
-    run_dir, cfg, translator = ENGINES[engine](decoding)
+    run_dir, cfg, translator = load_engine(engine, decoding)
     from_stdin = not texts and not input_path
     if output is not None:
         check_output(output, [input_path] if input_path else [], run_dir, from_stdin)

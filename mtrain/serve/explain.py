@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from mtrain.attention_recorder import AttentionMaps, AttentionRecorder
-from mtrain.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from mtrain.tokenizer import EOS_ID, Tokenizer
 from mtrain.trace import Tracer, TraceStep
 from mtrain.translator import Source, Translator
 
@@ -60,12 +60,11 @@ def _beam_step(step: TraceStep, tokenizer: Tokenizer) -> dict[str, Any]:
 
 def _attention(maps: AttentionMaps, src: list[int], tokens: list[int], tokenizer: Tokenizer):
     """The maps with their axis labels: source pieces, decoder inputs, output pieces."""
-    ended = maps.cross[0].size(1) > len(tokens)  # a last query row that chose </s>
-    out_ids = [*tokens, EOS_ID] if ended else tokens
+    labels = maps.axis_labels(src, tokens, tokenizer)
     return {
-        "source": tokenizer.src.id_to_piece(src),
-        "decoder_input": tokenizer.tgt.id_to_piece([BOS_ID, *out_ids[:-1]]),
-        "output": tokenizer.tgt.id_to_piece(out_ids),
+        "source": labels.source,
+        "decoder_input": labels.decoder_input,
+        "output": labels.output,
         "encoder": _weights(maps.encoder),  # [layer][head][source][source]
         "decoder": _weights(maps.decoder),  # [layer][head][decoder input][decoder input]
         "cross": _weights(maps.cross),  # [layer][head][decoder input][source]
