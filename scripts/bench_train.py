@@ -11,7 +11,10 @@ training data, after a few untimed warm-up steps, and prints:
 - achieved FLOP/s, and MFU: achieved FLOP/s over the matrix-multiply peak that this script
   measures before and after training (the better of the two), in the precision training
   computes in (fp32, or bf16 under autocast);
-- peak resident memory of the process (and peak CUDA memory on a GPU).
+- peak resident memory of the process (and peak CUDA memory on a GPU);
+- with `--profile N`: where N more updates spend their time, a `torch.profiler` table by
+  operator (matrix multiplies, attention, softmax and cross-entropy, LayerNorm, dropout, the
+  optimizer) with the batch assembly timed apart ("batch assembly").
 
 Under `torchrun --nproc_per_node N scripts/bench_train.py ...` every process trains its share
 of each update (DDP), and rank 0 prints each rank's tokens/s and their total.
@@ -117,6 +120,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed optimizer updates")
     parser.add_argument("--warmup", type=int, default=5, help="untimed updates first")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--profile", type=int, default=0, help="profile this many more updates")
     args = parser.parse_args()
 
     cfg = config.load(args.config, args.set)
@@ -188,7 +192,25 @@ def main() -> None:
     say(f"peak resident memory{' (rank 0)' if group.active else ''}: {rss_mb:,.0f} MB")
     if device.type == "cuda":
         say(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**20:,.0f} MB")
+    if args.profile and group.is_main:
+        say(profile(step, updates, args.profile))
     distributed.stop(group)
+
+
+def profile(step: UpdateStep, updates, n: int, rows: int = 30) -> str:
+    """A table of where `n` updates spend their time, by operator, slowest first."""
+    from torch.profiler import ProfilerActivity, record_function
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(n):
+            with record_function("batch assembly"):
+                update = next(updates)
+            step(update)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    return f"profile of {n} updates (self: an operator's own time, not its callees')\n{table}"
 
 
 if __name__ == "__main__":
