@@ -288,18 +288,16 @@ class DecoderLayer(nn.Module):
         """
 
         def self_attention(y: torch.Tensor) -> torch.Tensor:
-            k, v = self.self_attn.keys_values(y)  # (B, h, T, d_head)
-            if cache is not None:
-                k, v = cache.extend(k, v)  # (B, h, past + T, d_head)
+            if cache is None:  # a module call, so that hooks on self_attn see training's masks
+                return self.self_attn(y, y, tgt_mask)
+            k, v = cache.extend(*self.self_attn.keys_values(y))  # (B, h, past + T, d_head)
             return self.self_attn.attend(y, k, v, tgt_mask)
 
         def cross_attention(y: torch.Tensor) -> torch.Tensor:
             # Queries come from the decoder, keys and values from the encoder output.
             if cache is None:
-                k, v = self.cross_attn.keys_values(memory)  # (B, h, S, d_head)
-            else:
-                k, v = cache.cross_k, cache.cross_v
-            return self.cross_attn.attend(y, k, v, src_mask)
+                return self.cross_attn(y, memory, src_mask)
+            return self.cross_attn.attend(y, cache.cross_k, cache.cross_v, src_mask)
 
         x = self.residuals[0](x, self_attention)
         x = self.residuals[1](x, cross_attention)

@@ -27,7 +27,7 @@ from mtrain.distributed import Group
 from mtrain.optim import build_optimizer
 from mtrain.run_dir import build_model
 from mtrain.training_data import TrainingData, Update
-from mtrain.training_log import RunLog, run_log
+from mtrain.training_log import RunLog, run_log, trim_logs
 from mtrain.training_state import Checkpoints, Held, Progress, TrainingState, resume_from_rank_0
 from mtrain.update_step import NonFiniteLoss, OutOfMemory, UpdateStep
 from mtrain.validation import Scoreboard, Validation, Validator
@@ -69,9 +69,8 @@ class Trainer:
         make_step: type[UpdateStep] = UpdateStep,
         make_validator: Callable[..., Validator] = Validator,
     ):
-        """Under torchrun every process builds a Trainer; rank 0 alone writes the run directory,
-        and sends the others the tokenizer and the checkpoint to resume from. `clock` (seconds),
-        `make_step` and `make_validator` build the parts that tests replace."""
+        """Under torchrun every process builds one; rank 0 alone writes the run directory and
+        sends the others its tokenizer and checkpoint. Tests replace `clock` (s) and the makers."""
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
         self.group = group = group or Group()
         self.checkpoints = Checkpoints(run_dir, cfg.train)
@@ -145,6 +144,7 @@ class Trainer:
         Under torchrun, rank 0 decides when to validate and stop, and tells the others.
         """
         tcfg, main, finished = self.cfg.train, self.group.is_main, self.finished
+        trim_logs(self.run_dir, self.step, main)
         if finished and not finished.raised(tcfg):  # nothing to do
             if main:
                 why, hint = finished.reason, finished.hint(tcfg)

@@ -53,16 +53,20 @@ class TrainLog:
 LOGS = (METRICS, TRAIN_LOG, EXAMPLES)  # the run's logs, each a record per line with its step
 
 
+def trim_logs(run_dir: Path, step: int, main: bool) -> None:
+    """On rank 0 (`main`), cut the run's logs back to `step`, where a resumed run goes on (a
+    torn last line too); a finished run's logs as well, whether or not it trains on."""
+    if main:
+        for name in LOGS:
+            jsonl.trim(run_dir / name, step)
+
+
 @contextlib.contextmanager
 def run_log(
     run_dir: Path, cfg: TrainConfig, main: bool, coordinator: Coordinator, step: int, minutes: float
 ) -> Iterator[RunLog]:
     """The run's log, open while it trains from `step`, `minutes` into the run, to where the
-    coordinator says it is headed; on a rank other than 0, a log that shows and writes nothing.
-    Rank 0 first cuts the logs back to `step`, where a resumed run goes on."""
-    if main:
-        for name in LOGS:
-            jsonl.trim(run_dir / name, step)
+    coordinator says it is headed; on a rank other than 0, a log that shows and writes nothing."""
     with contextlib.ExitStack() as files:
         bar = tqdm(
             total=coordinator.end_step(step, minutes),
