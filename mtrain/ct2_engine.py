@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ from mtrain.export import (
 )
 from mtrain.run_dir import CONFIG_FILE, CheckpointError
 from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translator import Inspection, Sentences, Source, Translation, stream
+from mtrain.translator import SearchedText, Sentences
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def ranking_exponent(alpha: float, max_len: int) -> float:
     return max(beta, NO_PENALTY)
 
 
-class CT2Translator:
+class CT2Translator(SearchedText):
     """Translates with CTranslate2 on an exported model: our text side (`Sentences`), its search."""
 
     def __init__(
@@ -75,31 +74,6 @@ class CT2Translator:
     def with_options(self, decode: DecodeConfig, nbest: int) -> CT2Translator:
         """This translator with other search options."""
         return CT2Translator(self.engine, self.tokenizer, self.cfg, decode, nbest)
-
-    def sources(self, texts: list[str]) -> list[Source]:
-        """Each text as the model reads it (no warning: the caller reports truncation)."""
-        return self.text.sources(texts)
-
-    def translate_sources(self, sources: list[Source]) -> list[list[Translation]]:
-        """Each source's translations, up to `nbest`, best first."""
-        return self.text.translate(sources, self._search)
-
-    def inspect(self, text: str, observe: Observer) -> Inspection:
-        """Translate one sentence alone; `observe` sees nothing: CTranslate2 shows no steps."""
-        (source,) = self.text.sources([text], warn=True)
-        return self.text.inspect(source, self._search, observe)
-
-    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
-        """Translate a list of sentences; each gets up to `nbest` translations, best first."""
-        return self.translate_sources(self.text.sources(texts, warn=True))
-
-    def translate(self, texts: list[str]) -> list[str]:
-        """Translate a list of sentences to their best translations, in input order."""
-        return [nbest[0].text for nbest in self.translate_nbest(texts)]
-
-    def stream(self, lines: Iterable[str], chunk_lines: int = 2000) -> Iterator[list[Translation]]:
-        """Translate lines in chunks, so memory stays bounded however long the input is."""
-        return stream(self, lines, chunk_lines)
 
     def _search(
         self, src: torch.Tensor, limits: torch.Tensor, observe: Observer | None = None

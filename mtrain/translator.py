@@ -1,7 +1,8 @@
 """Text in, text out: normalise, encode, batch by length, search, detokenise, keep input order.
 
 The text side (`Sentences`) is shared by composition with the CTranslate2 engine, whose
-search is not ours; `TextTranslator` is what the commands and the server use of either.
+search is not ours; `SearchedText` turns it into the calls both engines answer, and
+`TextTranslator` is what the commands and the server use of either.
 """
 
 from __future__ import annotations
@@ -132,14 +133,50 @@ class TextTranslator(Protocol):
     def with_options(self, decode: DecodeConfig, nbest: int) -> TextTranslator: ...
 
 
-def stream(translator: TextTranslator, lines: Iterable[str], chunk_lines: int) -> Iterator:
-    """Translate lines in chunks, so memory stays bounded however long the input is."""
-    it = iter(lines)
-    while chunk := list(itertools.islice(it, chunk_lines)):
-        yield from translator.translate_nbest(chunk)
+class SearchedText:
+    """What both engines share around their own `_search`: the text side (`self.text`, a
+    `Sentences`) turned into the calls the commands and the server make."""
+
+    text: Sentences
+
+    def _search(
+        self, src: torch.Tensor, limits: torch.Tensor, observe: Observer | None = None
+    ) -> list[list[Hypothesis]]:
+        raise NotImplementedError
+
+    def sources(self, texts: list[str]) -> list[Source]:
+        """Each text as the model reads it (no warning: the caller reports truncation)."""
+        return self.text.sources(texts)
+
+    def translate_sources(self, sources: list[Source]) -> list[list[Translation]]:
+        """Each source's translations, up to `nbest`, best first."""
+        return self.text.translate(sources, self._search)
+
+    def inspect(self, text: str, observe: Observer) -> Inspection:
+        """Translate one sentence alone, showing `observe` every step the search shows."""
+        (source,) = self.text.sources([text], warn=True)
+        return self.inspect_source(source, observe)
+
+    def inspect_source(self, source: Source, observe: Observer) -> Inspection:
+        """`inspect` of a sentence encoded already."""
+        return self.text.inspect(source, self._search, observe)
+
+    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
+        """Translate a list of sentences; each gets up to `nbest` translations, best first."""
+        return self.translate_sources(self.text.sources(texts, warn=True))
+
+    def translate(self, texts: list[str]) -> list[str]:
+        """Translate a list of sentences to their best translations, in input order."""
+        return [nbest[0].text for nbest in self.translate_nbest(texts)]
+
+    def stream(self, lines: Iterable[str], chunk_lines: int = 2000) -> Iterator[list[Translation]]:
+        """Translate lines in chunks, so memory stays bounded however long the input is."""
+        it = iter(lines)
+        while chunk := list(itertools.islice(it, chunk_lines)):
+            yield from self.translate_nbest(chunk)
 
 
-class Translator:
+class Translator(SearchedText):
     """Translates sentences with a trained model; output never depends on how input is batched.
 
     Its searches keep one `OutputLayer`, a copy of the model's output weights made here: make
@@ -190,32 +227,3 @@ class Translator:
         return beam_search(
             self.model, src, limits, d.beam_size, d.alpha, self.nbest, observe, self.output
         )
-
-    def sources(self, texts: list[str]) -> list[Source]:
-        """Each text as the model reads it (no warning: the caller reports truncation)."""
-        return self.text.sources(texts)
-
-    def translate_sources(self, sources: list[Source]) -> list[list[Translation]]:
-        """Each source's translations, up to `nbest`, best first."""
-        return self.text.translate(sources, self._search)
-
-    def inspect(self, text: str, observe: Observer) -> Inspection:
-        """Translate one sentence alone, showing `observe` every step of the search."""
-        (source,) = self.text.sources([text], warn=True)
-        return self.inspect_source(source, observe)
-
-    def inspect_source(self, source: Source, observe: Observer) -> Inspection:
-        """`inspect` of a sentence encoded already."""
-        return self.text.inspect(source, self._search, observe)
-
-    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
-        """Translate a list of sentences; each gets up to `nbest` translations, best first."""
-        return self.translate_sources(self.text.sources(texts, warn=True))
-
-    def translate(self, texts: list[str]) -> list[str]:
-        """Translate a list of sentences to their best translations, in input order."""
-        return [nbest[0].text for nbest in self.translate_nbest(texts)]
-
-    def stream(self, lines: Iterable[str], chunk_lines: int = 2000) -> Iterator[list[Translation]]:
-        """Translate lines in chunks, so memory stays bounded however long the input is."""
-        return stream(self, lines, chunk_lines)
