@@ -54,7 +54,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def url(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
+    return http_url(*sock.getsockname()[:2])
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL of a host and port; an IPv6 address goes in brackets."""
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
@@ -72,7 +76,7 @@ def browsable_url(sock: socket.socket) -> str:
             host = udp.getsockname()[0]
     except OSError:  # no route out: the machine's name
         host = socket.gethostname()
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    return http_url(host, port)
 
 
 def raise_descriptor_limit() -> int:
