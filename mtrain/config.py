@@ -54,7 +54,8 @@ class DataConfig:
 @dataclass
 class TokenizerConfig:
     joint: bool = False  # one SentencePiece model for both languages, or one each
-    vocab_size: int = 8000  # per model
+    vocab_size: int = 8000  # per model (the source's, when tgt_vocab_size is set)
+    tgt_vocab_size: int = 0  # the target model's size, when not joint; 0: vocab_size
     model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = 0.9995
     input_sentence_size: int = 200_000  # sentences sampled to train each model on
@@ -93,6 +94,9 @@ class TrainConfig:
     keep_last: int = 5  # step-N.pt checkpoints kept, besides last.pt and best.pt
     patience: int = 0  # stop after this many validations without a better dev BLEU; 0: never
     average_last: int = 5  # at the end, average the last N step checkpoints into averaged.pt
+    # 0: off; else the decay of a moving average of the weights, updated after every update,
+    # which validations and the checkpoints' `model` use (0.998: about the last 500 updates).
+    ema_decay: float = 0.0
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
     # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32
     precision: Literal["auto", "fp32"] = "auto"
@@ -257,6 +261,8 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(
             f"train.label_smoothing: must be in [0, 1), got {cfg.train.label_smoothing}"
         )
+    if not 0 <= cfg.train.ema_decay < 1:
+        raise ConfigError(f"train.ema_decay: must be in [0, 1), got {cfg.train.ema_decay}")
     if cfg.data.max_len_ratio and cfg.data.max_len_ratio < 1:
         raise ConfigError(
             f"data.max_len_ratio: must be 0 (off) or at least 1, got {cfg.data.max_len_ratio}"
@@ -292,8 +298,12 @@ def _check_tokenizer_and_lengths(cfg: Config) -> None:
     """SentencePiece's bounds, two languages, and a batch that holds the longest pair."""
     if not 0.9 <= cfg.tokenizer.character_coverage <= 1:
         raise ConfigError("tokenizer.character_coverage: must be in [0.9, 1]")
-    if cfg.tokenizer.vocab_size < 300:
-        raise ConfigError("tokenizer.vocab_size: must be at least 300 (256 byte pieces + others)")
+    for key in ("vocab_size", "tgt_vocab_size"):
+        size = getattr(cfg.tokenizer, key)
+        if size < 300 and (size or key == "vocab_size"):
+            raise ConfigError(f"tokenizer.{key}: must be at least 300 (256 byte pieces + others)")
+    if cfg.tokenizer.joint and cfg.tokenizer.tgt_vocab_size:
+        raise ConfigError("tokenizer.tgt_vocab_size: a joint vocabulary has one size (vocab_size)")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError("data.src_lang and data.tgt_lang must differ")
     longest = cfg.data.max_positions()

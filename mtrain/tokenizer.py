@@ -34,7 +34,7 @@ class TokenizerError(ValueError):
 
 
 def _train_model(
-    sentences: Iterable[str], cfg: TokenizerConfig, coverage: float, seed: int
+    sentences: Iterable[str], cfg: TokenizerConfig, size: int, coverage: float, seed: int
 ) -> bytes:
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
@@ -42,7 +42,7 @@ def _train_model(
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences),
             model_writer=model,
-            vocab_size=cfg.vocab_size,
+            vocab_size=size,
             model_type=cfg.model_type,
             character_coverage=coverage,
             byte_fallback=True,  # characters outside the vocabulary become bytes, never <unk>
@@ -118,10 +118,11 @@ class Tokenizer:
 
         if cfg.joint:
             both = [*src_sentences, *tgt_sentences]
-            src = tgt = _train_model(both, cfg, coverage(src_lang, tgt_lang), seed)
+            src = tgt = _train_model(both, cfg, cfg.vocab_size, coverage(src_lang, tgt_lang), seed)
         else:
-            src = _train_model(src_sentences, cfg, coverage(src_lang), seed)
-            tgt = _train_model(tgt_sentences, cfg, coverage(tgt_lang), seed)
+            src = _train_model(src_sentences, cfg, cfg.vocab_size, coverage(src_lang), seed)
+            tgt_size = cfg.tgt_vocab_size or cfg.vocab_size
+            tgt = _train_model(tgt_sentences, cfg, tgt_size, coverage(tgt_lang), seed)
         write_atomic(out_dir / SRC_MODEL, src)
         write_atomic(out_dir / TGT_MODEL, tgt)
         return cls.load(out_dir)

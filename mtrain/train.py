@@ -11,6 +11,7 @@ follows one update through them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -24,6 +25,7 @@ from mtrain import runtime
 from mtrain.config import Config
 from mtrain.coordinator import Action, Coordinator, Finished, patience
 from mtrain.distributed import Group
+from mtrain.moving_average import MovingAverage
 from mtrain.optim import build_optimizer
 from mtrain.run_dir import build_model
 from mtrain.training_data import TrainingData, Update
@@ -93,8 +95,17 @@ class Trainer:
         scaler = torch.amp.GradScaler(enabled=self.amp_dtype == torch.float16)
         self.scores = Scoreboard(patience(cfg.train))
         fingerprint = data.tokenizer.fingerprint()
+        average = MovingAverage(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.state = TrainingState(
-            self.model, optimizer, self.schedule, scaler, data, self.scores, fingerprint, dtype
+            self.model,
+            optimizer,
+            self.schedule,
+            scaler,
+            data,
+            self.scores,
+            fingerprint,
+            dtype,
+            average,
         )
         progress = self.resume() if resume else Progress()
         if not resume and group.rank:  # the same initial weights everywhere, other dropout masks
@@ -210,7 +221,8 @@ class Trainer:
         """Validate (rank 0), keep the best dev BLEU, write the checkpoints and log the scores."""
         began = self.minutes()
         try:
-            val = self.validator(self.step)
+            with self.averaged_weights():
+                val = self.validator(self.step)
         except BaseException:  # out of memory, a second Ctrl-C: keep the updates since last.pt
             self.checkpoints.save_last(self.state_dict(rng))
             raise
@@ -220,6 +232,12 @@ class Trainer:
         coordinator.validated(self.step, self.minutes() - began)
         runtime.release_freed_memory()  # what decoding and saving freed: the heap stays flat
         logs.restart_window()
+
+    def averaged_weights(self) -> contextlib.AbstractContextManager:
+        """Within this block the model holds the weights a checkpoint offers: the moving
+        average's, where the run keeps one."""
+        average = self.state.average
+        return average.applied() if average else contextlib.nullcontext()
 
     def validate_average(self, logs: RunLog) -> None:
         """Average the last `train.average_last` step checkpoints into averaged.pt and validate

@@ -22,6 +22,7 @@ from mtrain import runtime
 from mtrain.config import TrainConfig
 from mtrain.coordinator import Finished
 from mtrain.distributed import Group
+from mtrain.moving_average import MovingAverage
 from mtrain.optim import Schedule
 from mtrain.run_dir import (
     AVERAGED,
@@ -94,7 +95,8 @@ class Progress:
 @dataclass
 class TrainingState:
     """The parts of a run whose states a checkpoint holds: the model, its optimiser and
-    schedule, the loss scaler, the batch stream and the scoreboard."""
+    schedule, the loss scaler, the batch stream and the scoreboard, and the weights' moving
+    average where the run keeps one."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -104,12 +106,20 @@ class TrainingState:
     scores: Scoreboard
     tokenizer: str  # the tokenizer's fingerprint
     dtype: str  # what the updates compute in: autocast's dtype, or float32
+    average: MovingAverage | None = None  # train.ema_decay's
+
+    def weights(self) -> dict[str, Any]:
+        """The model a checkpoint offers for translation (the moving average, where the run
+        keeps one), and the weights the optimizer trains when they differ."""
+        if self.average is None:
+            return {"model": self.model.state_dict()}
+        return {"model": self.average.state_dict(), "trained_model": self.model.state_dict()}
 
     def state_dict(self, progress: Progress, rng: list[dict]) -> dict[str, Any]:
         """A checkpoint of the run at `progress`; `rng` holds every rank's random generators."""
         return {
             "format": FORMAT,
-            "model": self.model.state_dict(),
+            **self.weights(),
             "tokenizer": self.tokenizer,
             "dtype": self.dtype,
             "optimizer": self.optimizer.state_dict(),
@@ -133,7 +143,11 @@ class TrainingState:
         try:
             state = upgrade(state)
             self.warn_of_another_dtype(state["dtype"], path)
-            self.model.load_state_dict(state["model"])
+            if self.average is None:
+                self.model.load_state_dict(state["model"])
+            else:
+                self.model.load_state_dict(state["trained_model"])
+                self.average.load_state_dict(state["model"], state["step"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.schedule.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])

@@ -16,6 +16,7 @@ from mtrain import runtime
 from mtrain.config import TrainConfig
 from mtrain.data import Batch
 from mtrain.distributed import Group
+from mtrain.moving_average import MovingAverage
 from mtrain.optim import Schedule, loss_fn
 from mtrain.training_data import Update
 
@@ -62,12 +63,14 @@ class UpdateStep:
         loss: LossSettings,
         step: int = 0,
         skipped: int = 0,
+        average: MovingAverage | None = None,
     ):
         """`net` is `model`, or `model` wrapped in DistributedDataParallel; `step` and
-        `skipped` count the updates done and skipped before (a resumed run's)."""
+        `skipped` count the updates done and skipped before (a resumed run's); `average`, if
+        any, follows the weights after every update."""
         self.net, self.model, self.optimizer, self.scaler = net, model, optimizer, scaler
         self.schedule, self.group, self.device, self.amp_dtype = schedule, group, device, amp_dtype
-        self.loss = loss
+        self.loss, self.average = loss, average
         self.step = step  # optimizer updates done
         self.skipped = skipped  # updates skipped for running out of memory or a non-finite loss
 
@@ -95,6 +98,7 @@ class UpdateStep:
             loss=LossSettings.of(cfg),
             step=progress.step,
             skipped=progress.skipped,
+            average=state.average,
         )
 
     def __call__(self, update: Update) -> float | None:
@@ -120,6 +124,8 @@ class UpdateStep:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.schedule.step()
+        if self.average is not None:
+            self.average.update()
         self.step += 1
         return mean_loss
 

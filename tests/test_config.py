@@ -67,6 +67,12 @@ def test_unknown_section_is_named(tmp_path):
         ("model:\n  dropout: 1.5\n", r"model\.dropout"),
         ("train:\n  batch_tokens: 10\n", r"train\.batch_tokens"),
         ("tokenizer:\n  joint: 1\n", r"tokenizer\.joint: expected bool"),
+        ("train:\n  ema_decay: 1\n", r"train\.ema_decay: must be in \[0, 1\)"),
+        ("tokenizer:\n  tgt_vocab_size: 200\n", r"tokenizer\.tgt_vocab_size: must be at least"),
+        (
+            "tokenizer:\n  joint: true\n  tgt_vocab_size: 4000\n",
+            r"tokenizer\.tgt_vocab_size: a joint vocabulary has one size",
+        ),
         ("data:\n  swap_columns: zh-en\n", r"data\.swap_columns: expected bool"),
         ("model: 3\n", r"model: expected a mapping"),
         ("- a\n- b\n", r"expected a mapping"),

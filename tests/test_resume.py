@@ -56,21 +56,30 @@ def start_training(run: Path, settings: list[str], log: Path) -> subprocess.Pope
     return proc
 
 
-def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
+@pytest.mark.parametrize("ema_decay", [0.0, 0.9])
+def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_decay):
+    """With a moving average of the weights too: it is resumed, not restarted."""
     whole = tmp_path / "whole"
     whole.mkdir()
     train.Trainer(
-        small_config(corpus, max_steps=30, eval_every=10), whole, torch.device("cpu")
+        small_config(corpus, max_steps=30, eval_every=10, ema_decay=ema_decay),
+        whole,
+        torch.device("cpu"),
     ).run()
 
     parts = tmp_path / "parts"
     parts.mkdir()
     device = torch.device("cpu")
     # 400 pairs make about 8 batches: step 13 stops inside the second epoch.
-    train.Trainer(small_config(corpus, max_steps=13, eval_every=10), parts, device).run()
+    train.Trainer(
+        small_config(corpus, max_steps=13, eval_every=10, ema_decay=ema_decay), parts, device
+    ).run()
     assert torch.load(parts / "last.pt", weights_only=True)["batches_done"] > 0
     resumed = train.Trainer(
-        small_config(corpus, max_steps=30, eval_every=10), parts, device, resume=True
+        small_config(corpus, max_steps=30, eval_every=10, ema_decay=ema_decay),
+        parts,
+        device,
+        resume=True,
     )
     assert resumed.step == 13
     resumed.run()
@@ -78,8 +87,15 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path):
     a = load_checkpoint(whole / "last.pt")
     b = load_checkpoint(parts / "last.pt")
     assert a["step"] == b["step"] == 30
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
+    weights = ["model", "trained_model"] if ema_decay else ["model"]
+    assert sorted(k for k in a if k.endswith("model")) == sorted(weights)
+    for key in weights:
+        for name, tensor in a[key].items():
+            assert torch.equal(tensor, b[key][name]), (key, name)
+    if ema_decay:  # the model offered for translation is the average, not the trained weights
+        assert not torch.equal(
+            a["model"]["src_embed.tokens.weight"], a["trained_model"]["src_embed.tokens.weight"]
+        )
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])
     # train.jsonl: the same steps and rates; the window after the resume point holds the same
     # batches in both runs, so the same mean loss.

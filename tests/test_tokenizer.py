@@ -56,3 +56,14 @@ def test_the_length_rule_cuts_exactly_what_it_calls_too_long(pieces, max_len):
     assert (fit(pieces, max_len) != pieces) == too_long(pieces, max_len)
     assert len(fit(pieces, max_len)) + 1 <= max_len or not pieces
     assert not too_long(fit(pieces, max_len), max_len)
+
+
+def test_the_target_model_takes_its_own_size(tmp_path):
+    """tokenizer.tgt_vocab_size sizes the target model alone; the model built for the run has
+    an output layer of that size."""
+    from mtrain.config import TokenizerConfig
+
+    cfg = TokenizerConfig(vocab_size=400, tgt_vocab_size=300, character_coverage=1.0)
+    texts = [f"sentence number {i} of {i * 7} and {i * 13} more words" for i in range(400)]
+    tok = Tokenizer.train(texts, texts, cfg, "en", "de", tmp_path)
+    assert (tok.src_vocab_size, tok.tgt_vocab_size) == (400, 300)
