@@ -120,16 +120,13 @@ Translate = Callable[[list[Any], SearchOptions], list[Any]]
 
 
 class Pace:
-    """Seconds per source token of the batches of each beam size: an exponentially weighted
-    mean of their measured durations, so that it follows a model that gets slower or faster.
+    """Seconds per source token of each beam size's batches, an exponentially weighted mean."""
 
-    Keyed by beam size, which sets the cost and takes few values: alpha, any float, would let
-    clients grow the table without end.
-    """
-
-    WEIGHT = 0.3  # of the newest batch: a few batches outweigh one slowed by a neighbour
+    WEIGHT = 0.3  # of the newest batch: it follows a model that slows, a few outweigh one outlier
 
     def __init__(self) -> None:
+        # By beam size, which sets the cost and takes few values: alpha, any float, would let
+        # clients grow the table without end.
         self.per_token: dict[int, float] = {}
 
     def record(self, options: SearchOptions, seconds: float, tokens: int) -> None:
