@@ -50,7 +50,9 @@ def main() -> None:
     parser.add_argument("--engine", default="mtrain", choices=["mtrain", "ctranslate2"])
     parser.add_argument("--requests", type=int, default=100, help="light requests, one by one")
     parser.add_argument("--heavy", type=int, default=1, help="clients sending big requests")
-    parser.add_argument("--batch-seconds", type=float, help="the server's --batch-seconds")
+    parser.add_argument(
+        "--batch-seconds", type=float, help="mtrain serve --batch-seconds (default: its own)"
+    )
     args = parser.parse_args()
     sources = test_sources(args.run)
     big = (sources * (256 // len(sources) + 1))[:256]
