@@ -79,10 +79,13 @@ def job(texts, options, answers, name, tokens=None):
 
 
 def held_batcher(policy: Policy) -> tuple[Batcher, Model, Answers]:
-    """A batcher whose model is held inside a first call, so that jobs pile up behind it."""
+    """A batcher whose model is held inside a first call, so that jobs pile up behind it.
+
+    Its clock stands still: the hold is not the model's pace, and batches stay bounded by tokens.
+    """
     model, answers = Model(), Answers()
     model.release.clear()
-    batcher = Batcher(model, policy)
+    batcher = Batcher(model, policy, clock=lambda: 0.0)
     batcher.submit(job(["first"], GREEDY, answers, "first"))
     assert model.entered.wait(30)
     return batcher, model, answers

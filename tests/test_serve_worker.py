@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ from mtrain.config import MAX_ALPHA, ConfigError, DecodeConfig
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits, SearchOptions
 from mtrain.serve.app import Server
-from mtrain.serve.batcher import Batcher, Job, Policy, PolicyError, WorkerDown
+from mtrain.serve.batcher import Batcher, Job, Pace, Policy, PolicyError, WorkerDown
 from mtrain.serve.service import Decoded
 from mtrain.translator import Source
 
@@ -35,7 +36,15 @@ BEAM16 = SearchOptions(beam=16, alpha=0.6)
 
 @pytest.mark.parametrize(
     "field, value",
-    [("max_wait", 1e10), ("max_wait", float("nan")), ("max_queue", 10), ("deadline", 0.0)],
+    [
+        ("max_wait", 1e10),
+        ("max_wait", float("nan")),
+        ("max_queue", 10),
+        ("deadline", 0.0),
+        ("batch_seconds", 0.0),
+        ("batch_seconds", 1e9),
+        ("batch_seconds", float("nan")),
+    ],
 )
 def test_the_policy_refuses_numbers_out_of_its_ranges(field, value):
     with pytest.raises(PolicyError, match=field):
@@ -48,6 +57,8 @@ def test_the_policy_refuses_numbers_out_of_its_ranges(field, value):
         (["serve", "--wait-ms", "1e13"], "--wait-ms"),
         (["serve", "--queue", "10"], "--queue"),
         (["serve", "--deadline", "1e300"], "--deadline"),
+        (["serve", "--batch-seconds", "0"], "--batch-seconds"),
+        (["serve", "--batch-seconds", "1e9"], "--batch-seconds"),
         (["translate", "--alpha", "1e308"], "--alpha"),
         (["eval", "--alpha", "300"], "--alpha"),
     ],
@@ -219,6 +230,96 @@ def test_a_cancelled_job_leaves_the_queue_and_its_answer_is_dropped():
     assert set(answers.wait(2)) == {"first", "after"}
     batcher.close()
     assert [t for t, _ in model.batches] == [["first"], ["after"]]
+
+
+# Batches bounded in time --------------------------------------------------------------------------
+
+SLOW, FAST = 0.01, 0.0001  # seconds a source token at beam 16 and greedy
+
+
+class Paced(Model):
+    """A model whose batches take `per_token[beam]` seconds a source token on its own clock;
+    a sentence is its token count. `during[n]` runs inside the n-th call."""
+
+    def __init__(self, per_token: dict[int, float]):
+        super().__init__()
+        self.per_token, self.now = per_token, 0.0
+        self.during: dict[int, Callable[[], None]] = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, sentences: list[int], options: SearchOptions) -> list[str]:
+        self.during.get(len(self.batches) + 1, lambda: None)()
+        texts = super().__call__(sentences, options)
+        self.now += self.per_token[options.beam] * sum(sentences)
+        return texts
+
+
+def sizes(model: Model, options: SearchOptions) -> list[int]:
+    return [len(s) for s, o in model.batches if o == options]
+
+
+@pytest.mark.parametrize("seconds, per_batch", [(0.5, 5), (0.05, 1)])
+def test_once_a_beam_is_timed_its_batches_hold_what_decodes_in_batch_seconds(seconds, per_batch):
+    """The first beam-16 batch holds 4000 / 16 tokens; the later ones batch_seconds / pace
+    (0.5 s at 0.01 s a token: 50 tokens), and never less than one sentence."""
+    model, answers = Paced({16: SLOW}), Answers()
+    batcher = Batcher(model, Policy(batch_seconds=seconds, max_wait=0.0), clock=model.clock)
+    batcher.submit(job([10] * 100, BEAM16, answers, "big", [10] * 100))
+    assert answers.wait(1)["big"] == ["10/16"] * 100
+    batcher.close()
+    assert sizes(model, BEAM16) == [25] + [per_batch] * (75 // per_batch)
+
+
+def test_a_fast_beam_is_not_bounded_by_a_slow_ones_pace():
+    """Greedy batches take turns with beam-16 ones and keep their 4000 tokens (0.4 s at their
+    own pace), where the beam-16 pace would allow 50."""
+    model, answers = Paced({16: SLOW, 1: FAST}), Answers()
+    model.release.clear()
+    batcher = Batcher(model, Policy(max_wait=0.0, max_queue=2048), clock=model.clock)
+    batcher.submit(job([10] * 100, BEAM16, answers, "slow", [10] * 100))
+    assert model.entered.wait(30)
+    batcher.submit(job([10] * 1000, GREEDY, answers, "fast", [10] * 1000))
+    model.release.set()
+    answers.wait(2)
+    batcher.close()
+    assert sizes(model, GREEDY) == [400, 400, 200]
+    assert sizes(model, BEAM16)[:4] == [25, 5, 5, 5]
+
+
+def test_a_greedy_request_sent_during_a_beam_16_batch_waits_two_batch_seconds_at_most():
+    """Sent while a beam-16 batch runs, a greedy sentence waits for the rest of it and one more
+    (the big request went back to the queue ahead of it), each within batch_seconds: 1 s, where
+    batches of 4000 / 16 tokens would take 2.5 s each."""
+    model, answers = Paced({16: SLOW, 1: FAST}), Answers()
+    policy = Policy(max_wait=0.0)
+    batcher = Batcher(model, policy, clock=model.clock)
+    light: dict[str, float] = {}
+
+    def answered(result):
+        light["answered"] = model.now
+        answers.done("light")(result)
+
+    def send_light():
+        light["sent"] = model.now
+        batcher.submit(Job(GREEDY, [10], [10], answered))
+
+    model.during[2] = send_light  # the first batch timed beam 16: the second is bounded
+    batcher.submit(job([10] * 256, BEAM16, answers, "big", [10] * 256))
+    answers.wait(2)
+    batcher.close()
+    assert light["answered"] - light["sent"] <= 2 * policy.batch_seconds + FAST * 10 + 1e-9
+
+
+def test_the_pace_follows_a_model_that_slows_down():
+    pace, tokens = Pace(), []
+    pace.record(BEAM16, 0.5, 50)
+    for _ in range(10):
+        tokens.append(pace.tokens_within(BEAM16, 0.5, 250))
+        pace.record(BEAM16, 1.0, 50)
+    assert tokens[0] == 50 and tokens == sorted(tokens, reverse=True) and 25 <= tokens[-1] < 27
+    assert pace.tokens_within(GREEDY, 0.5, 4000) == 4000  # not timed yet: the token budget
 
 
 # Numbers that break arithmetic -------------------------------------------------------------------

@@ -55,7 +55,9 @@ BatchingOption = Annotated[
         help="Decode concurrent requests together (--no-batching: one request at a time).",
     ),
 ]
-WAIT_S, QUEUE, DEADLINE = (Policy.range(name) for name in ("max_wait", "max_queue", "deadline"))
+WAIT_S, QUEUE, DEADLINE, BATCH_S = (
+    Policy.range(name) for name in ("max_wait", "max_queue", "deadline", "batch_seconds")
+)
 WaitOption = Annotated[
     float,
     typer.Option(
@@ -81,6 +83,16 @@ DeadlineOption = Annotated[
         min=DEADLINE[0],
         max=DEADLINE[1],
         help="Seconds a request may take; past that it is dropped: 503 if it never started, 504.",
+    ),
+]
+BatchSecondsOption = Annotated[
+    float,
+    typer.Option(
+        "--batch-seconds",
+        min=BATCH_S[0],
+        max=BATCH_S[1],
+        help="Seconds a batch may take, at the pace measured for its beam size: a small request "
+        "waits a batch or two behind a big one.",
     ),
 ]
 
@@ -177,6 +189,7 @@ def serve(
     token_file: TokenFileOption = None,
     allow_origin: AllowOriginOption = None,
     deadline: DeadlineOption = Policy.deadline,
+    batch_seconds: BatchSecondsOption = Policy.batch_seconds,
 ) -> None:
     """Serve a model over HTTP until Ctrl-C or SIGTERM: a JSON API and a page at /.
 
@@ -199,7 +212,9 @@ def serve(
     setup_logging()
     limits = Limits()
     try:  # NaN passes the options' ranges, not the policy's
-        policy = Policy(batching, wait_ms / 1000, Policy.batch_tokens, queue, deadline)
+        policy = Policy(
+            batching, wait_ms / 1000, Policy.batch_tokens, queue, deadline, batch_seconds
+        )
     except PolicyError as e:
         fail(f"a serve option out of range: {e}")
     token = read_token(token_file)

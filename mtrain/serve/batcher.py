@@ -4,7 +4,10 @@ Requests wait in a bounded queue and take turns: the worker takes the request at
 queue and gathers, one sentence per request in turn, the sentences of every waiting request with
 the same search options until the token budget is spent; the requests it took from that still
 have sentences go to the back of the queue. A one-sentence request therefore waits at most one
-batch behind a request of hundreds of sentences, whatever the options of either.
+batch behind a request of hundreds of sentences, whatever the options of either. A batch is also
+bounded in time: the worker learns the seconds per source token of each beam size's batches and
+caps a batch's tokens at what it decodes in `batch_seconds`, so that one batch at beam 16 does not
+hold a greedy sentence for seconds.
 
 Before a batch it waits for company: for as many new requests as the last batch answered,
 at most `max_wait` after the head request arrived or after the last batch's answers went back,
@@ -96,6 +99,7 @@ class Policy:
     # sentences waiting, beyond which requests are refused; one request must fit
     max_queue: int = _bounded(1024, Limits.max_sentences, 1 << 20)
     deadline: float = _bounded(300.0, 1.0, 86400.0)  # seconds a request waits for its answer
+    batch_seconds: float = _bounded(0.5, 0.01, 600.0)  # a batch's expected decoding time, at most
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -115,11 +119,39 @@ class Policy:
 Translate = Callable[[list[Any], SearchOptions], list[Any]]
 
 
+class Pace:
+    """Seconds per source token of each beam size's batches, an exponentially weighted mean."""
+
+    WEIGHT = 0.3  # of the newest batch: it follows a model that slows, a few outweigh one outlier
+
+    def __init__(self) -> None:
+        # By beam size, which sets the cost and takes few values: alpha, any float, would let
+        # clients grow the table without end.
+        self.per_token: dict[int, float] = {}
+
+    def record(self, options: SearchOptions, seconds: float, tokens: int) -> None:
+        """Count one batch of `tokens` source tokens that took `seconds`."""
+        rate = max(seconds, 0.0) / max(tokens, 1)
+        old = self.per_token.get(options.beam)
+        self.per_token[options.beam] = rate if old is None else old + self.WEIGHT * (rate - old)
+
+    def tokens_within(self, options: SearchOptions, seconds: float, most: int) -> int:
+        """Source tokens a batch decodes in `seconds`, at most `most` (all of it until measured)."""
+        rate = self.per_token.get(options.beam)
+        if not rate:  # no batch measured yet, or too fast to measure
+            return most
+        return int(min(most, seconds / rate))
+
+
 class Batcher:
     """A bounded queue of requests and the one thread that decodes them in batches."""
 
-    def __init__(self, translate: Translate, policy: Policy):
+    def __init__(
+        self, translate: Translate, policy: Policy, clock: Callable[[], float] = time.monotonic
+    ):
         self.translate, self.policy = translate, policy
+        self.clock = clock  # times the batches for `pace`
+        self.pace = Pace()
         self.pending: deque[Job | Solo] = deque()
         self.waiting = 0  # sentences queued and not taken yet
         self.closed = False
@@ -266,8 +298,10 @@ class Batcher:
 
     def _budget(self, head: Job) -> int:
         """Source tokens in head's batch: the policy's, shared by the beams, as the translator
-        shares them, so that a batch at beam 16 costs what one greedy batch does."""
-        return max(self.policy.batch_tokens // head.options.beam, 1)
+        shares them, and no more than it decodes in `batch_seconds` at its pace so far."""
+        tokens = self.policy.batch_tokens // head.options.beam
+        # Always, not only while others wait: a light request mostly comes while a batch runs.
+        return max(self.pace.tokens_within(head.options, self.policy.batch_seconds, tokens), 1)
 
     def _company(self, head: Job) -> list[Job]:
         """The queued jobs that may share head's batch: head first."""
@@ -307,7 +341,9 @@ class Batcher:
         return batch
 
     def _run(self, options: SearchOptions, batch: list[tuple[Job, int]]) -> None:
+        start = self.clock()
         results = self.translate([job.sentences[i] for job, i in batch], options)
+        self.pace.record(options, self.clock() - start, sum(job.tokens[i] for job, i in batch))
         self.batches += 1
         finished = []
         with self.cond:  # a job cancelled meanwhile is not answered
