@@ -6,7 +6,7 @@ import dataclasses
 import os
 import urllib.parse
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -55,46 +55,37 @@ BatchingOption = Annotated[
         help="Decode concurrent requests together (--no-batching: one request at a time).",
     ),
 ]
-WAIT_S, QUEUE, DEADLINE, BATCH_S = (
-    Policy.range(name) for name in ("max_wait", "max_queue", "deadline", "batch_seconds")
+
+
+def policy_option(kind: type, flag: str, field: str, help: str, scale: float = 1) -> Any:
+    """An option bounded by `Policy`'s range for `field` (in the option's unit: × `scale`)."""
+    low, high = Policy.range(field)
+    return Annotated[kind, typer.Option(flag, min=low * scale, max=high * scale, help=help)]
+
+
+WaitOption = policy_option(
+    float,
+    "--wait-ms",
+    "max_wait",
+    "The most a batch waits for the clients the last one answered to send again.",
+    scale=1000,
 )
-WaitOption = Annotated[
+QueueOption = policy_option(
+    int, "--queue", "max_queue", "Sentences that may wait; past that, requests get 503 (busy)."
+)
+DeadlineOption = policy_option(
     float,
-    typer.Option(
-        "--wait-ms",
-        min=WAIT_S[0] * 1000,
-        max=WAIT_S[1] * 1000,
-        help="The most a batch waits for the clients the last one answered to send again.",
-    ),
-]
-QueueOption = Annotated[
-    int,
-    typer.Option(
-        "--queue",
-        min=QUEUE[0],
-        max=QUEUE[1],
-        help="Sentences that may wait; past that, requests get 503 (busy).",
-    ),
-]
-DeadlineOption = Annotated[
+    "--deadline",
+    "deadline",
+    "Seconds a request may take; past that it is dropped: 503 if it never started, 504.",
+)
+BatchSecondsOption = policy_option(
     float,
-    typer.Option(
-        "--deadline",
-        min=DEADLINE[0],
-        max=DEADLINE[1],
-        help="Seconds a request may take; past that it is dropped: 503 if it never started, 504.",
-    ),
-]
-BatchSecondsOption = Annotated[
-    float,
-    typer.Option(
-        "--batch-seconds",
-        min=BATCH_S[0],
-        max=BATCH_S[1],
-        help="Seconds a batch may take, at the pace measured for its beam size: a small request "
-        "waits a batch or two behind a big one.",
-    ),
-]
+    "--batch-seconds",
+    "batch_seconds",
+    "Seconds a batch may take, at the pace measured for its beam size: a small request "
+    "waits a batch or two behind a big one.",
+)
 
 ReadTimeoutOption = Annotated[
     float,
