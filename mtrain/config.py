@@ -60,6 +60,11 @@ class TokenizerConfig:
     character_coverage: float = 0.9995
     input_sentence_size: int = 200_000  # sentences sampled to train each model on
 
+    @property
+    def tgt_size(self) -> int:
+        """The target model's size: its own, or the source's."""
+        return self.tgt_vocab_size or self.vocab_size
+
 
 @dataclass
 class ModelConfig:

@@ -204,7 +204,7 @@ def build_model(cfg: Config, tokenizer: Tokenizer | None = None) -> Transformer:
     """The model a config and tokenizer describe, freshly initialised; without a tokenizer
     (none trained yet), of the vocabulary size the config asks for."""
     if tokenizer is None:
-        vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.tgt_vocab_size or cfg.tokenizer.vocab_size)
+        vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.tgt_size)
     else:
         vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     return Transformer(

@@ -121,8 +121,7 @@ class Tokenizer:
             src = tgt = _train_model(both, cfg, cfg.vocab_size, coverage(src_lang, tgt_lang), seed)
         else:
             src = _train_model(src_sentences, cfg, cfg.vocab_size, coverage(src_lang), seed)
-            tgt_size = cfg.tgt_vocab_size or cfg.vocab_size
-            tgt = _train_model(tgt_sentences, cfg, tgt_size, coverage(tgt_lang), seed)
+            tgt = _train_model(tgt_sentences, cfg, cfg.tgt_size, coverage(tgt_lang), seed)
         write_atomic(out_dir / SRC_MODEL, src)
         write_atomic(out_dir / TGT_MODEL, tgt)
         return cls.load(out_dir)
