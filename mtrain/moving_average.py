@@ -16,38 +16,38 @@ import torch
 
 
 class MovingAverage:
-    """An exponential moving average of a model's floating-point parameters and buffers."""
+    """An exponential moving average of a model's parameters (a tied matrix averaged once)."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.model, self.decay = model, decay
-        self.names = [name for name, t in model.state_dict().items() if t.is_floating_point()]
-        self.average = [t.detach().clone() for t in self._tensors()]
+        # named_parameters() names a shared parameter once; loading a state dict copies into
+        # these same tensors, so the list holds for the model's life.
+        self.names, params = zip(*model.named_parameters(), strict=True)
+        self.params = [p.detach() for p in params]
+        self.average = [p.clone() for p in self.params]
         self.updates = 0  # the averaged updates, for the decay's ramp
-
-    def _tensors(self) -> list[torch.Tensor]:
-        state = self.model.state_dict(keep_vars=True)
-        return [state[name].detach() for name in self.names]
 
     def update(self) -> None:
         """Move the average towards the model's weights after one update."""
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        torch._foreach_lerp_(self.average, self._tensors(), 1 - decay)
+        torch._foreach_lerp_(self.average, self.params, 1 - decay)
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
         """Within this block the model holds the averaged weights; its own come back after."""
-        own = [t.clone() for t in self._tensors()]
-        torch._foreach_copy_(self._tensors(), self.average)
+        own = [p.clone() for p in self.params]
+        torch._foreach_copy_(self.params, self.average)
         try:
             yield
         finally:
-            torch._foreach_copy_(self._tensors(), own)
+            torch._foreach_copy_(self.params, own)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The averaged weights, as the model's state dict holds its own."""
-        state = self.model.state_dict()
-        return {**state, **dict(zip(self.names, self.average, strict=True))}
+        """The averaged weights, as the model's state dict holds its own (every name of a tied
+        matrix included)."""
+        with self.applied():
+            return {name: t.clone() for name, t in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], updates: int) -> None:
         """Continue from averaged weights `state` after `updates` updates."""
