@@ -102,6 +102,11 @@ class TrainConfig:
     # 0: off; else the decay of a moving average of the weights, updated after every update,
     # which validations and the checkpoints' `model` use (0.998: about the last 500 updates).
     ema_decay: float = 0.0
+    # A recipe that follows the budget: a run whose linear schedule is first planned to end
+    # short of this many updates trains with `short_run_dropout` instead of model.dropout
+    # (0.1 learned more at 2,662 fp32 updates, 0.2 at 2,925 and 4,700; docs/recipes.md); 0: off.
+    short_run_updates: int = 2800
+    short_run_dropout: float = 0.1
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
     # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32
     precision: Literal["auto", "fp32"] = "auto"
@@ -260,8 +265,11 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(
             f"data.drop_final_punct: must be in [0, 1], got {cfg.data.drop_final_punct}"
         )
-    if not 0 <= cfg.model.dropout < 1:
-        raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout}")
+    rates = {"model.dropout": cfg.model.dropout}
+    rates["train.short_run_dropout"] = cfg.train.short_run_dropout
+    for key, rate in rates.items():
+        if not 0 <= rate < 1:
+            raise ConfigError(f"{key}: must be in [0, 1), got {rate}")
     if not 0 <= cfg.train.label_smoothing < 1:
         raise ConfigError(
             f"train.label_smoothing: must be in [0, 1), got {cfg.train.label_smoothing}"
@@ -278,6 +286,9 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("decode.max_len_offset must not be negative")
 
 
+# The section of a run's config.yaml where the run records what it chose from its plan
+# (budget_recipe.py); not config: loading a run's config.yaml as a config skips it.
+CHOSEN = "chosen"
 SEEDS = 1 << 64  # the seeds every generator takes
 
 
@@ -285,6 +296,7 @@ def _check_train(cfg: Config) -> None:
     """Counts that may be 0 but not negative, a seed every generator takes; checkpoint
     averaging within the kept checkpoints."""
     counts = ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last")
+    counts += ("short_run_updates",)
     for key in (*counts, "dev_examples"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must not be negative")
@@ -387,6 +399,7 @@ def load(path: Path, overrides: list[str] = (), require_data: bool = False) -> C
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    raw.pop(CHOSEN, None)  # a run's record of its own choices: a new run makes its own
     for assignment in overrides:
         try:
             apply_override(raw, assignment)

@@ -142,6 +142,12 @@ class Coordinator:
             )
 
     @property
+    def planned_end(self) -> int | None:
+        """The update a linear schedule is planned to end at; None before a time budget's
+        first plan, or without a linear schedule."""
+        return self.schedule.total if self.schedule else None
+
+    @property
     def last_step(self) -> int:
         planned = self.schedule.total if self.schedule and self.schedule.total else math.inf
         return min(self.cfg.max_steps, planned)

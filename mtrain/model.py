@@ -57,6 +57,9 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float):
         super().__init__()
+        self.set_rate(p)
+
+    def set_rate(self, p: float) -> None:
         self.p = p
         self.threshold = round(p * 2**16) - 2**15  # keep a position if its int16 >= threshold
 
@@ -365,6 +368,12 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
+
+    def set_dropout(self, p: float) -> None:
+        """Train on with dropout rate `p` everywhere (a run's budget may choose it)."""
+        for module in self.modules():
+            if isinstance(module, Dropout):
+                module.set_rate(p)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S) source ids -> memory (B, S, d_model) and its padding mask (B, 1, 1, S)."""

@@ -195,8 +195,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     }
 
 
-def write_config(run_dir: Path, cfg: Config) -> None:
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+def write_config(run_dir: Path, cfg: Config, chosen: dict[str, Any] | None = None) -> None:
+    """The run's config.yaml: its config, and what the run chose from its plan (`chosen`)."""
+    record = cfg.to_dict() | ({config_mod.CHOSEN: chosen} if chosen else {})
+    text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
     write_atomic(run_dir / CONFIG_FILE, text)
 
 
@@ -210,6 +212,16 @@ def build_model(cfg: Config, tokenizer: Tokenizer | None = None) -> Transformer:
     return Transformer(
         cfg.model, *vocab, cfg.data.max_positions(), PAD_ID, joint_vocab=cfg.tokenizer.joint
     )
+
+
+def run_choices(run_dir: Path) -> dict[str, Any] | None:
+    """What a run chose from its plan, as its config.yaml records it; None: nothing yet."""
+    try:
+        record = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    chosen = record.get(config_mod.CHOSEN) if isinstance(record, dict) else None
+    return chosen if isinstance(chosen, dict) else None
 
 
 def run_config(run_dir: Path) -> Config:
@@ -268,6 +280,7 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "best_is_average": best is not None and best.get("event") == "average",
         "checkpoints": {p.name: p.stat().st_size for p in sorted(run_dir.glob("*.pt"))},
         "finished": finished_record(run_dir / LAST),
+        "chosen": run_choices(run_dir),
     }
 
 

@@ -22,12 +22,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mtrain import runtime
+from mtrain.budget_recipe import Choice
 from mtrain.config import Config
 from mtrain.coordinator import Action, Coordinator, Finished, patience
 from mtrain.distributed import Group
 from mtrain.moving_average import MovingAverage
 from mtrain.optim import build_optimizer
-from mtrain.run_dir import build_model
+from mtrain.run_dir import build_model, write_config
 from mtrain.training_data import TrainingData, Update
 from mtrain.training_log import RunLog, run_log, trim_logs
 from mtrain.training_state import Checkpoints, Held, Progress, TrainingState, resume_from_rank_0
@@ -110,6 +111,8 @@ class Trainer:
         progress = self.resume() if resume else Progress()
         if not resume and group.rank:  # the same initial weights everywhere, other dropout masks
             torch.manual_seed(cfg.train.seed + group.rank)
+        if self.state.choice:  # resumed after the plan chose: train on as it chose
+            self.model.set_dropout(self.state.choice.dropout)
         self.minutes_before, self.finished = progress.minutes, progress.finished
         self.validated = progress.validated  # whether the step resumed from was validated
         group.end_startup()
@@ -189,6 +192,7 @@ class Trainer:
             if main:
                 self.validate_and_save(coordinator, logs, rng)
             return
+        self.follow_plan(coordinator)
         for update in self.data.updates(self.group, self.cfg.train.accumulate):
             if self.step >= coordinator.last_step:
                 break
@@ -200,6 +204,7 @@ class Trainer:
             if self.step % RELEASE_MEMORY_EVERY == 0:
                 runtime.release_freed_memory()
             coordinator.plan(self.step, self.minutes())
+            self.follow_plan(coordinator)
             if loss is not None:
                 logs.update(update, loss, self.step, self.minutes(), lr)
             action = coordinator.next_action(self.step, self.minutes(), loss is not None)
@@ -216,6 +221,23 @@ class Trainer:
                 self.validate_and_save(coordinator, logs, rng)
             if coordinator.patience_out(self.scores) or action is Action.FINAL:
                 break
+
+    @property
+    def choice(self) -> Choice | None:
+        """What the run chose from its plan (budget_recipe.py); None: not planned yet."""
+        return self.state.choice
+
+    def follow_plan(self, coordinator: Coordinator) -> None:
+        """Once the run's end is first planned, take what the plan chooses (the dropout), say
+        so and record it in the run's config.yaml; every rank plans alike, so chooses alike."""
+        planned = coordinator.planned_end
+        if self.state.choice or planned is None or not self.cfg.train.short_run_updates:
+            return
+        self.state.choice = choice = Choice.of(self.cfg, planned)
+        self.model.set_dropout(choice.dropout)
+        if self.group.is_main:
+            log.info("%s", choice.describe(self.cfg))
+            write_config(self.run_dir, self.cfg, choice.to_dict())
 
     def validate_and_save(self, coordinator: Coordinator, logs: RunLog, rng: list[dict]) -> None:
         """Validate (rank 0), keep the best dev BLEU, write the checkpoints and log the scores."""

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mtrain import runtime
+from mtrain.budget_recipe import Choice
 from mtrain.config import TrainConfig
 from mtrain.coordinator import Finished
 from mtrain.distributed import Group
@@ -107,6 +108,7 @@ class TrainingState:
     tokenizer: str  # the tokenizer's fingerprint
     dtype: str  # what the updates compute in: autocast's dtype, or float32
     average: MovingAverage | None = None  # train.ema_decay's
+    choice: Choice | None = None  # what the run chose from its plan, once planned
 
     def weights(self) -> dict[str, Any]:
         """The model a checkpoint offers for translation (the moving average, where the run
@@ -133,6 +135,7 @@ class TrainingState:
             "minutes": progress.minutes,
             "validated": progress.validated,
             "finished": progress.finished and progress.finished.to_dict(),
+            "chosen": self.choice and self.choice.to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> Progress:
@@ -160,6 +163,8 @@ class TrainingState:
                 )
             runtime.set_rng_state(rng[group.rank])
             self.scores.load_state_dict(state)
+            chosen = state.get("chosen")  # absent: written before runs chose from their plan
+            self.choice = None if chosen is None else Choice.from_dict(chosen)
             finished = state["finished"]  # written by `Checkpoints.mark_finished`
             return Progress(
                 state["step"],

@@ -131,5 +131,11 @@ def echo_training(summary: dict[str, Any], peak_lr: float) -> None:
             "" if lr is None else f"; learning rate then {lr:.2e} ({lr / peak_lr:.0%} of its peak)"
         )
         echo(f"  finished: {finished['reason']}{then}")
+    if summary["chosen"] is not None:  # budget_recipe.py
+        chosen = summary["chosen"]
+        echo(
+            f"  chosen from its plan of {chosen['planned_updates']:,} updates: "
+            f"dropout {chosen['dropout']:g}"
+        )
     for name, size in summary["checkpoints"].items():
         echo(f"  {name:<18}{size / 2**20:8.1f} MiB")

@@ -124,7 +124,8 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
             resume = group.is_main and open_run(run_dir, cfg)
             trainer = Trainer(cfg, run_dir, device, resume, group)
             if group.is_main:
-                write_config(run_dir, cfg)  # once the run is known to be resumable
+                chosen = trainer.choice and trainer.choice.to_dict()
+                write_config(run_dir, cfg, chosen)  # once the run is known to be resumable
             return trainer.run()
     except (NonFiniteLoss, OutOfMemory, RunFileError) as e:
         fail(str(e))
