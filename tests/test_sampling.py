@@ -3,6 +3,8 @@ depend on the batch alone, and a batch thread that stops with the updates."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 from itertools import islice
 
@@ -20,6 +22,7 @@ from mtrain.tokenizer import EOS_ID, PAD_ID
 from mtrain.training_data import TrainingData
 
 from .synthetic import REPO, overrides
+from .test_resume import ENV, mtrain_train, start_training
 
 
 def sampling_config(corpus, alpha: float, *settings: str, **train_keys) -> config.Config:
@@ -143,6 +146,26 @@ def test_resume_with_sampling_equals_an_uninterrupted_run(corpus, tmp_path):
         assert torch.equal(tensor, b["model"][name]), name
     write_config(parts, cfg)  # what `mtrain train` writes, and `mtrain info` and a resume read
     assert "src_sampling_alpha: 0.3" in (parts / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_stops_the_batch_thread_and_the_same_command_resumes(corpus, tmp_path, signals):
+    """Once: a checkpoint at the next update, then a resume; twice: a stop at once."""
+    run, log = tmp_path / "run", tmp_path / "stderr"
+    settings = [*overrides(corpus, max_steps=100000, eval_every=3), "data.src_sampling_alpha=0.3"]
+    proc = start_training(run, settings, log)
+    for _ in range(signals):
+        proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    stderr = log.read_text()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    step = load_checkpoint(run / "last.pt")["step"]
+    assert step > 0
+    finish = mtrain_train(run, [*settings, f"train.max_steps={step + 5}"])
+    done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(run / "last.pt")["step"] == step + 5
 
 
 def test_a_negative_alpha_is_refused_naming_the_key(corpus):
