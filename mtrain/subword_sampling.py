@@ -29,8 +29,9 @@ class SourceSampler:
 
     def __init__(self, model_proto: bytes, alpha: float, seed: int):
         """`model_proto`: the serialised source SentencePiece model (a unigram model)."""
-        # A processor of its own: it runs in the batch thread, beside validations' encoding.
-        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        # A processor of its own, as it runs in the batch thread; one thread for its batch
+        # calls, not one per core beside training's.
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto, num_threads=1)
         self.alpha, self.seed = alpha, seed
         # (V,) each piece's log probability: a segmentation's log P is the sum over its pieces.
         self.log_p = np.array([self.sp.get_score(i) for i in range(self.sp.get_piece_size())])
