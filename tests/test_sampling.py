@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from mtrain import config, train
+from mtrain.batching import BatchStream
 from mtrain.config import ConfigError
+from mtrain.dataset import drop_final_punctuation
 from mtrain.distributed import Group
 from mtrain.prepare import prepared_dir
 from mtrain.prepared import DamagedCorpus
@@ -73,15 +75,23 @@ def test_a_source_draws_only_among_the_segmentations_that_fit_its_width(corpus, 
 
 
 def test_alpha_0_reads_the_stored_batches(corpus, tmp_path):
-    data = TrainingData(sampling_config(corpus, 0.0), tmp_path, Group(), False)
+    """The batches of a run without sampling, punctuation dropout's draws included."""
+    cfg = sampling_config(corpus, 0.0, "data.drop_final_punct=0.5")
+    data = TrainingData(cfg, tmp_path, Group(), False)
     assert data.sampler is None
-    updates = data.updates(Group(), 1)
-    for plan, update in zip(islice(data.stream.plans(0, 0), 12), updates):
-        (batch,) = update.batches
+    torch.manual_seed(0)
+    got = [b for update in islice(data.updates(Group(), 2), 6) for b in update.batches]
+    assert not sampling_threads()
+    stream = BatchStream(
+        data.corpus.src_len, data.corpus.tgt_len, cfg.train.batch_tokens, cfg.train.seed
+    )
+    torch.manual_seed(0)
+    for batch, plan in zip(got, stream):
         expected = data.corpus.collate(plan.indices).padded_to(plan.shape)
+        expected.src = drop_final_punctuation(expected.src, data.punctuation, 0.5)
         for name in ("src", "tgt_in", "tgt_out"):
             assert torch.equal(getattr(batch, name), getattr(expected, name))
-    assert not sampling_threads()
+    assert data.stream.batches_done == 12 == stream.batches_done
 
 
 def test_a_batch_draws_the_same_in_the_thread_directly_and_in_another_pass(corpus, tmp_path):
