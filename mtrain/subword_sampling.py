@@ -21,7 +21,20 @@ from mtrain.batching import BatchPlan
 from mtrain.tokenizer import EOS_ID, PAD_ID
 
 NBEST = 16  # segmentations a source is drawn from
+# Batches are planned for sources this share longer than stored (at least one piece), so that
+# a longer cut fits the batch's width. On the shipped corpus with configs/default.yaml, alpha
+# 0.2 then changes 54% of the sources (61% with no width limit, 16% with no room), and padding
+# takes 6.6% of a batch's positions instead of 4.1%.
+ROOM = 0.05
 DRAWS = 0x5357  # keeps the draws' generators apart from the epochs' orders, seeded [seed, epoch]
+
+
+def planned_lengths(src_len: np.ndarray, max_src_len: int) -> np.ndarray:
+    """(N,) the source lengths, </s> included, that batches are planned for: with `ROOM`, but
+    never past `max_src_len`, the longest source the model reads."""
+    room = np.ceil(src_len * ROOM).astype(np.int64)  # (N,)
+    longer = np.minimum(src_len.astype(np.int64) + room, max_src_len)
+    return np.maximum(longer, src_len).astype(src_len.dtype)
 
 
 class SourceSampler:
@@ -44,7 +57,7 @@ class SourceSampler:
         """`src` (B, S) stored sources, each cut again: (B, S') with S' <= `width`, </s> included.
 
         A source draws only among the segmentations that leave room for </s> within `width`,
-        so the batch keeps its planned shape; the best one always fits, having been planned.
+        so the batch keeps its planned shape; the stored one, the best, always fits.
         """
         lengths = (src != PAD_ID).sum(1).tolist()  # pieces and </s>
         stored = [row[: n - 1] for row, n in zip(src.tolist(), lengths)]

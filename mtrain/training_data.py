@@ -28,7 +28,7 @@ from mtrain.files import write_atomic
 from mtrain.prepare import prepare
 from mtrain.prepared import data_digests, identity
 from mtrain.run_dir import CheckpointError
-from mtrain.subword_sampling import SourceSampler
+from mtrain.subword_sampling import SourceSampler, planned_lengths
 from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer, too_long
 
 log = logging.getLogger(__name__)
@@ -74,13 +74,12 @@ class TrainingData:
         self.drop_final_punct = dcfg.drop_final_punct
         self.punctuation = torch.tensor(self.tokenizer.src_punctuation_ids(), dtype=torch.long)
         tcfg = cfg.train
-        self.sampler = None
+        self.sampler, src_len = None, self.corpus.src_len
         if dcfg.src_sampling_alpha:
             proto = self.tokenizer.src.serialized_model_proto()
             self.sampler = SourceSampler(proto, dcfg.src_sampling_alpha, tcfg.seed)
-        self.stream = BatchStream(
-            self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
-        )
+            src_len = planned_lengths(src_len, dcfg.max_src_len)  # room for longer cuts
+        self.stream = BatchStream(src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed)
         log.info(
             "training batches in %d shapes, %.1f%% of their positions padding",
             len(self.stream.grid.shapes),

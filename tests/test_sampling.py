@@ -20,6 +20,7 @@ from mtrain.distributed import Group
 from mtrain.prepare import prepared_dir
 from mtrain.prepared import DamagedCorpus
 from mtrain.run_dir import load_checkpoint, write_config
+from mtrain.subword_sampling import planned_lengths
 from mtrain.tokenizer import EOS_ID, PAD_ID
 from mtrain.training_data import TrainingData
 
@@ -49,6 +50,7 @@ def test_sampled_sources_read_the_stored_text_and_keep_their_batch_shape(corpus,
         stored = data.corpus.collate(plan.indices)
         batch = data.batch(plan)
         assert batch.src.shape == (plan.shape.rows, plan.shape.src_len)
+        assert plan.shape.src_len > stored.src.size(1)  # room planned for a longer cut
         assert torch.equal(batch.tgt_out, stored.padded_to(plan.shape).tgt_out)  # targets kept
         n = len(plan.indices)
         src = batch.src[:n]
@@ -72,6 +74,12 @@ def test_a_source_draws_only_among_the_segmentations_that_fit_its_width(corpus, 
             rng = np.random.default_rng(seed)
             longer += data.sampler.resegment(stored, width + 8, rng).size(1) > width
     assert longer, "no longer segmentation drawn: the width was not what limited the draws"
+
+
+def test_batches_are_planned_with_room_for_longer_cuts_within_the_longest_source():
+    stored = np.array([2, 5, 20, 21, 40, 64], np.uint16)  # pieces and </s>
+    assert planned_lengths(stored, 64).tolist() == [3, 6, 21, 23, 42, 64]
+    assert planned_lengths(stored, 64).dtype == stored.dtype
 
 
 def test_alpha_0_reads_the_stored_batches(corpus, tmp_path):
