@@ -163,6 +163,8 @@ class BatchPlan:
 
     indices: np.ndarray  # (rows,) pair indices, at most `shape.rows`
     shape: Shape
+    epoch: int = 0  # the batch's place in the stream: epoch `epoch`'s batch number `number`
+    number: int = 0
 
 
 class BatchStream:
@@ -184,9 +186,11 @@ class BatchStream:
 
     def epoch_order(self, epoch: int) -> list[np.ndarray]:
         """Epoch `epoch`'s batches of pair indices, in the order they are trained on."""
-        if self._order is None or self._order[0] != epoch:
-            self._order = epoch, self.grid.batches(np.random.default_rng([self.seed, epoch]))
-        return self._order[1]
+        order = self._order  # read once: the batch thread may replace it meanwhile
+        if order is None or order[0] != epoch:
+            order = epoch, self.grid.batches(np.random.default_rng([self.seed, epoch]))
+            self._order = order
+        return order[1]
 
     def order_digest(self, epoch: int | None = None) -> str:
         """SHA-256 of an epoch's batches, in order (the current epoch's by default): numpy
@@ -199,13 +203,22 @@ class BatchStream:
         return digest.hexdigest()
 
     def __iter__(self) -> Iterator[BatchPlan]:
+        for plan in self.plans(self.epoch, self.batches_done):
+            self.passed(plan)
+            yield plan
+
+    def plans(self, epoch: int, batches_done: int) -> Iterator[BatchPlan]:
+        """The batches from a position on, without moving the stream: `passed` moves it."""
         while True:
-            order = self.epoch_order(self.epoch)
-            while self.batches_done < len(order):
-                self.batches_done += 1
-                indices = order[self.batches_done - 1]
-                yield BatchPlan(indices, self.grid.shape(indices))
-            self.epoch, self.batches_done = self.epoch + 1, 0
+            order = self.epoch_order(epoch)
+            for number in range(batches_done, len(order)):
+                indices = order[number]
+                yield BatchPlan(indices, self.grid.shape(indices), epoch, number)
+            epoch, batches_done = epoch + 1, 0
+
+    def passed(self, plan: BatchPlan) -> None:
+        """Move the stream's position past the batch `plan`."""
+        self.epoch, self.batches_done = plan.epoch, plan.number + 1
 
     def state_dict(self) -> dict:
         """The stream's position, and the digest of its epoch's order to check it by."""

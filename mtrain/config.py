@@ -42,6 +42,9 @@ class DataConfig:
     # Probability that a training source loses its final punctuation piece (。?!): people
     # often type none, and a model that never saw that translates such input worse.
     drop_final_punct: float = 0.5
+    # 0: off; else each training batch's sources are cut afresh, drawn from the source model's
+    # 16 best segmentations with probability ∝ P^alpha (subword sampling, Kudo 2018).
+    src_sampling_alpha: float = 0.0
     # true: the files hold target then source (e.g. the zh<TAB>en corpus read for en→zh).
     swap_columns: bool = False
 
@@ -264,6 +267,15 @@ def _check_ranges(cfg: Config) -> None:
     if not 0 <= cfg.data.drop_final_punct <= 1:
         raise ConfigError(
             f"data.drop_final_punct: must be in [0, 1], got {cfg.data.drop_final_punct}"
+        )
+    if cfg.data.src_sampling_alpha < 0:
+        raise ConfigError(
+            f"data.src_sampling_alpha: must not be negative, got {cfg.data.src_sampling_alpha}"
+        )
+    if cfg.data.src_sampling_alpha and cfg.tokenizer.model_type != "unigram":
+        raise ConfigError(
+            "data.src_sampling_alpha: needs tokenizer.model_type unigram (a BPE model has no "
+            "n best segmentations)"
         )
     rates = {"model.dropout": cfg.model.dropout}
     rates["train.short_run_dropout"] = cfg.train.short_run_dropout

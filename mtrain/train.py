@@ -15,7 +15,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -193,7 +193,14 @@ class Trainer:
                 self.validate_and_save(coordinator, logs, rng)
             return
         self.follow_plan(coordinator)
-        for update in self.data.updates(self.group, self.cfg.train.accumulate):
+        # Closed however the loop ends, so that the thread that builds batches stops with it.
+        with contextlib.closing(self.data.updates(self.group, self.cfg.train.accumulate)) as ups:
+            self.train_on(ups, coordinator, logs)
+
+    def train_on(self, updates: Iterator[Update], coordinator: Coordinator, logs: RunLog) -> None:
+        """Train on `updates` until the coordinator says to stop."""
+        main = self.group.is_main
+        for update in updates:
             if self.step >= coordinator.last_step:
                 break
             lr = self.schedule.lr  # this update's (the next's after)

@@ -8,9 +8,12 @@ fingerprints of its corpora, and knows nothing of how they are read or stored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,9 +28,12 @@ from mtrain.files import write_atomic
 from mtrain.prepare import prepare
 from mtrain.prepared import data_digests, identity
 from mtrain.run_dir import CheckpointError
+from mtrain.subword_sampling import SourceSampler, planned_lengths
 from mtrain.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer, too_long
 
 log = logging.getLogger(__name__)
+# Updates the batch thread builds ahead: one is enough to hide its work behind an update's.
+PREFETCH = 1
 
 
 @dataclass
@@ -68,9 +74,12 @@ class TrainingData:
         self.drop_final_punct = dcfg.drop_final_punct
         self.punctuation = torch.tensor(self.tokenizer.src_punctuation_ids(), dtype=torch.long)
         tcfg = cfg.train
-        self.stream = BatchStream(
-            self.corpus.src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed
-        )
+        self.sampler, src_len = None, self.corpus.src_len
+        if dcfg.src_sampling_alpha:
+            proto = self.tokenizer.src.serialized_model_proto()
+            self.sampler = SourceSampler(proto, dcfg.src_sampling_alpha, tcfg.seed)
+            src_len = planned_lengths(src_len, dcfg.max_src_len)  # room for longer cuts
+        self.stream = BatchStream(src_len, self.corpus.tgt_len, tcfg.batch_tokens, tcfg.seed)
         log.info(
             "training batches in %d shapes, %.1f%% of their positions padding",
             len(self.stream.grid.shapes),
@@ -92,9 +101,29 @@ class TrainingData:
         the same on every process; process r trains on the r-th `accumulate` of them. So an
         update holds the same sentences whatever the number of processes, and updates run
         across epoch ends as they do in one process: no process ever runs short of batches.
+        With subword sampling, a thread builds the next updates while this one trains; the
+        stream's position moves only as each update is handed out, so a checkpoint holds the
+        position of the updates trained. Close the iterator to stop the thread.
         """
+        built = self.built_updates(group, accumulate)
+        made = Prefetched(built, PREFETCH) if self.sampler else built
+        try:
+            for update, last in made:
+                self.stream.passed(last)
+                if self.drop_final_punct:  # here: its draws come from torch's generator
+                    for batch in update.batches:
+                        batch.src = drop_final_punctuation(
+                            batch.src, self.punctuation, self.drop_final_punct
+                        )
+                yield update
+        finally:
+            made.close()
+
+    def built_updates(self, group: Group, accumulate: int) -> Iterator[tuple[Update, BatchPlan]]:
+        """This process's share of each update from the stream's position on, and the update's
+        last batch of the stream (any process's), without moving the stream."""
         mine = slice(group.rank * accumulate, (group.rank + 1) * accumulate)
-        stream = iter(self.stream)
+        stream = self.stream.plans(self.stream.epoch, self.stream.batches_done)
         while True:
             plans = [next(stream) for _ in range(group.world_size * accumulate)]
             # Counted on the host from the lengths: no wait for a GPU, no exchange between ranks.
@@ -102,16 +131,16 @@ class TrainingData:
             n_target = int(self.corpus.tgt_len[every].sum(dtype=np.int64)) + len(every)
             n_source = int(self.corpus.src_len[every].sum(dtype=np.int64))
             batches = [self.batch(plan) for plan in plans[mine]]
-            if self.drop_final_punct:
-                for batch in batches:
-                    batch.src = drop_final_punctuation(
-                        batch.src, self.punctuation, self.drop_final_punct
-                    )
-            yield Update(batches, n_target, n_source + n_target)
+            yield Update(batches, n_target, n_source + n_target), plans[-1]
 
     def batch(self, plan: BatchPlan) -> Batch:
-        """A batch of the stream, read from the corpus and padded to its shape."""
-        return self.corpus.collate(plan.indices).padded_to(plan.shape)
+        """A batch of the stream, read from the corpus (its sources cut afresh, with subword
+        sampling) and padded to its shape."""
+        batch = self.corpus.collate(plan.indices)
+        if self.sampler:
+            rng = self.sampler.generator(plan)
+            batch.src = self.sampler.resegment(batch.src, plan.shape.src_len, rng)
+        return batch.padded_to(plan.shape)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the data: its fingerprints and the stream's position."""
@@ -159,6 +188,52 @@ class TrainingData:
     def load_state_dict(self, state: dict) -> None:
         """Take the batch stream back to where the checkpoint `state` left it."""
         self.stream.load_state_dict(state)
+
+
+class Prefetched:
+    """The items of a generator, made ahead in a thread of their own."""
+
+    def __init__(self, items: Generator, depth: int):
+        """Start making `items`, at most `depth` ahead of the ones taken."""
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._make, args=(items,), name="batches")
+        self._thread.daemon = True  # a process that ends without closing it is not held up
+        self._thread.start()
+
+    def _make(self, items: Generator) -> None:
+        try:
+            for item in items:
+                if not self._put((item, None)):
+                    break
+        except BaseException as e:  # raised where the item would have been taken
+            self._put((None, e))
+        finally:
+            items.close()
+
+    def _put(self, entry: tuple) -> bool:
+        """Queue `entry` once there is room; False when closed first."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Prefetched:
+        return self
+
+    def __next__(self) -> Any:
+        item, error = self._queue.get()
+        if error is not None:
+            raise error
+        return item
+
+    def close(self) -> None:
+        """Stop the thread; it ends once the item it is making is made."""
+        self._stop.set()
+        self._thread.join()
 
 
 def warn_truncated(tokenizer: Tokenizer, sources: list[str], max_src_len: int, where: str) -> None:

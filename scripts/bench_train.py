@@ -11,6 +11,8 @@ training data, after a few untimed warm-up steps, and prints:
 - achieved FLOP/s, and MFU: achieved FLOP/s over the matrix-multiply peak that this script
   measures before and after training (the better of the two), in the precision training
   computes in (fp32, or bf16 under autocast);
+- the time the loop waited for each update's batches; with `--set data.src_sampling_alpha=A`,
+  the milliseconds (wall and CPU) the batch thread spent sampling each batch's sources;
 - peak resident memory of the process (and peak CUDA memory on a GPU);
 - with `--profile N`: where N more updates spend their time, a `torch.profiler` table by
   operator (matrix multiplies, attention, softmax and cross-entropy, LayerNorm, dropout, the
@@ -92,6 +94,20 @@ def padding_fraction(batches: Iterable[Batch]) -> float:
     return 1 - real / total
 
 
+def timed_sampling(data: TrainingData) -> list[tuple[float, float]]:
+    """Time each batch's subword sampling where it runs: (wall, CPU) seconds, one a batch."""
+    times, resegment = [], data.sampler.resegment
+
+    def timed(*args):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        out = resegment(*args)
+        times.append((time.perf_counter() - wall, time.thread_time() - cpu))
+        return out
+
+    data.sampler.resegment = timed
+    return times
+
+
 def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Group) -> UpdateStep:
     """The update step a run of `cfg` would train with, at step 0."""
     amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
@@ -148,18 +164,23 @@ def main() -> None:
 
     epoch_padding = data.stream.grid.padding  # of an epoch padded to the shape grid
 
+    sampling = timed_sampling(data) if data.sampler else None
     updates = data.updates(group, cfg.train.accumulate)
     start = time.perf_counter()
     for _ in range(args.warmup):
         step(next(updates))
     warmup_s = time.perf_counter() - start
-    timed = []
+    timed, waited = [], 0.0
+    if sampling:
+        sampling.clear()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(args.steps):
+        asked = time.perf_counter()
         update = next(updates)
+        waited += time.perf_counter() - asked
         step(update)
         timed += update.batches
     if device.type == "cuda":
@@ -179,6 +200,10 @@ def main() -> None:
     say(f"warm-up: {args.warmup} updates in {warmup_s:.1f} s")
     say(f"timed: {args.steps} updates ({len(timed)} batches) in {seconds:.1f} s")
     say(f"updates/s: {args.steps / seconds:.2f}")
+    say(f"waiting for the next update's batches: {1000 * waited / args.steps:.1f} ms an update")
+    if sampling:
+        wall, cpu = (1000 * sum(x) / len(sampling) for x in zip(*sampling))
+        say(f"subword sampling, in the batch thread: {wall:.1f} ms a batch ({cpu:.1f} ms CPU)")
     if group.active:
         say("tokens/s per rank: " + ", ".join(f"{t:,.0f}" for t in per_rank))
     say(f"tokens/s (source + target, non-padding): {sum(per_rank):,.0f}")
