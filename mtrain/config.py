@@ -277,8 +277,10 @@ def _check_ranges(cfg: Config) -> None:
             "data.src_sampling_alpha: needs tokenizer.model_type unigram (a BPE model has no "
             "n best segmentations)"
         )
-    rates = {"model.dropout": cfg.model.dropout}
-    rates["train.short_run_dropout"] = cfg.train.short_run_dropout
+    rates = {
+        "model.dropout": cfg.model.dropout,
+        "train.short_run_dropout": cfg.train.short_run_dropout,
+    }
     for key, rate in rates.items():
         if not 0 <= rate < 1:
             raise ConfigError(f"{key}: must be in [0, 1), got {rate}")
@@ -308,8 +310,7 @@ def _check_train(cfg: Config) -> None:
     """Counts that may be 0 but not negative, a seed every generator takes; checkpoint
     averaging within the kept checkpoints."""
     counts = ("warmup_steps", "max_minutes", "keep_last", "patience", "average_last")
-    counts += ("short_run_updates",)
-    for key in (*counts, "dev_examples"):
+    for key in (*counts, "short_run_updates", "dev_examples"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must not be negative")
     if not 0 <= cfg.train.seed < SEEDS:  # numpy refuses a negative seed, torch one of 2**64

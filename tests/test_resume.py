@@ -123,25 +123,35 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     assert all(torch.isfinite(t).all() for t in saved["model"].values())
 
 
+def stop_and_finish(
+    run: Path, settings: list[str], log: Path, sigs: list[signal.Signals]
+) -> tuple[str, subprocess.CompletedProcess, int]:
+    """Start `mtrain train`, send it `sigs`; once it has exited 130 without a traceback, run
+    the same command on to 5 updates past its checkpoint. Its stderr, the finishing run, and
+    the step it had stopped at."""
+    proc = start_training(run, settings, log)
+    for sig in sigs:
+        proc.send_signal(sig)
+    proc.wait(timeout=60)
+    stderr = log.read_text()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    step = load_checkpoint(run / "last.pt")["step"]
+    assert step > 0
+    finish = mtrain_train(run, [*settings, f"train.max_steps={step + 5}"])
+    done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(run / "last.pt")["step"] == step + 5
+    return stderr, done, step
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_and_the_same_command_resumes(corpus, tmp_path, sig):
     run, log = tmp_path / "run", tmp_path / "stderr"
     settings = overrides(corpus, max_steps=100000, eval_every=3)
-    proc = start_training(run, settings, log)
-    proc.send_signal(sig)
-    proc.wait(timeout=60)
-    stderr = log.read_text()
-    assert proc.returncode == 130, stderr
+    stderr, done, step = stop_and_finish(run, settings, log, [sig])
     assert "interrupted at step" in stderr and "run the same command to resume" in stderr
-    assert "Traceback" not in stderr
-    step = load_checkpoint(run / "last.pt")["step"]
-    assert step > 0
-
-    finish = mtrain_train(run, [*settings, f"train.max_steps={step + 5}"])
-    done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
     assert f"resuming {run} at step {step}" in done.stderr
-    assert load_checkpoint(run / "last.pt")["step"] == step + 5
 
 
 def test_resume_with_another_config_is_refused(corpus, tmp_path):

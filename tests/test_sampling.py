@@ -4,7 +4,6 @@ depend on the batch alone, and a batch thread that stops with the updates."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 from itertools import islice
 
@@ -25,7 +24,7 @@ from mtrain.tokenizer import EOS_ID, PAD_ID
 from mtrain.training_data import TrainingData
 
 from .synthetic import REPO, overrides
-from .test_resume import ENV, mtrain_train, start_training
+from .test_resume import stop_and_finish
 
 
 def sampling_config(corpus, alpha: float, *settings: str, **train_keys) -> config.Config:
@@ -171,19 +170,7 @@ def test_ctrl_c_stops_the_batch_thread_and_the_same_command_resumes(corpus, tmp_
     """Once: a checkpoint at the next update, then a resume; twice: a stop at once."""
     run, log = tmp_path / "run", tmp_path / "stderr"
     settings = [*overrides(corpus, max_steps=100000, eval_every=3), "data.src_sampling_alpha=0.3"]
-    proc = start_training(run, settings, log)
-    for _ in range(signals):
-        proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
-    stderr = log.read_text()
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    step = load_checkpoint(run / "last.pt")["step"]
-    assert step > 0
-    finish = mtrain_train(run, [*settings, f"train.max_steps={step + 5}"])
-    done = subprocess.run(finish, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert load_checkpoint(run / "last.pt")["step"] == step + 5
+    stop_and_finish(run, settings, log, [signal.SIGINT] * signals)
 
 
 def test_a_negative_alpha_is_refused_naming_the_key(corpus):
