@@ -46,6 +46,22 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+class _KeepAndScale(torch.autograd.Function):
+    """x * keep * scale, with a backward of one product too (where + mul takes two each way)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.mul(x, keep).mul_(scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.mul(grad, keep).mul_(ctx.scale), None, None
+
+
 class Dropout(nn.Module):
     """Inverted dropout, as nn.Dropout, that draws its CPU masks 16 bits at a time.
 
@@ -71,7 +87,7 @@ class Dropout(nn.Module):
         n = x.numel()
         bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
         keep = bits.view(torch.int16)[:n].view(x.shape) >= self.threshold
-        return torch.where(keep, x, 0.0) * (1 / (1 - self.p))
+        return _KeepAndScale.apply(x, keep, 1 / (1 - self.p))
 
 
 class PositionalEncoding(nn.Module):

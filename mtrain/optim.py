@@ -55,17 +55,56 @@ class LinearSchedule:
         self.decay_from, self.total = updates_done + 1, total
 
 
+class SmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy summed over the rows whose target is not padding, with a
+    backward of three in-place passes over the (N, V) log-probabilities.
+
+    The same loss as `F.cross_entropy(..., ignore_index=PAD_ID, label_smoothing=eps,
+    reduction="sum")`, whose backward builds the gradients of its two terms as (N, V) tensors,
+    adds them and runs log-softmax's backward: on the CPU in fp32 about 5% of an update. The
+    gradient with respect to the logits is softmax - q, q the smoothed target distribution, and
+    the softmax is the exp of the log-probabilities kept for it.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
+        # logits (N, V) of any float dtype, target (N,) ids; the loss in fp32 at least
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        logp = F.log_softmax(logits, dim=-1, dtype=dtype)  # (N, V)
+        real = target != PAD_ID  # (N,)
+        target = target.masked_fill(~real, 0)
+        loss = -(1 - eps) * logp.gather(1, target[:, None]).squeeze(1)  # (N,)
+        if eps:
+            loss = loss - eps / logp.size(1) * logp.sum(dim=1)
+        ctx.save_for_backward(logp, target, real)
+        ctx.eps, ctx.dtype = eps, logits.dtype
+        return loss.masked_fill(~real, 0.0).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        logp, target, real = ctx.saved_tensors
+        eps = ctx.eps
+        # d loss / d logits = softmax - q, q = eps / V everywhere plus 1 - eps at the target;
+        # written over the log-probabilities, which nothing needs after this.
+        grad_logits = logp.exp_()  # (N, V)
+        if eps:
+            grad_logits.sub_(eps / logp.size(1))
+        rows = torch.arange(logp.size(0), device=logp.device)
+        grad_logits[rows, target] -= 1 - eps
+        grad_logits.mul_(grad * real[:, None])  # padding rows get no gradient
+        return grad_logits.to(ctx.dtype), None, None
+
+
 def loss_fn(
     logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float, reduction: str = "mean"
 ) -> torch.Tensor:
     """Label-smoothed cross-entropy over non-padding target tokens: their mean, or sum."""
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(),  # (B*T, V)
-        tgt_out.flatten(),  # (B*T,)
-        ignore_index=PAD_ID,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-    )
+    # (B, T, V) logits, (B, T) target ids
+    total = SmoothedCrossEntropy.apply(logits.flatten(0, 1), tgt_out.flatten(), label_smoothing)
+    if reduction == "sum":
+        return total
+    return total / (tgt_out != PAD_ID).sum()
 
 
 class Schedule:

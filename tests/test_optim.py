@@ -2,6 +2,7 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mtrain.config import TrainConfig
 from mtrain.coordinator import Coordinator
@@ -47,6 +48,41 @@ def test_loss_ignores_padding_and_label_smoothing_zero_is_cross_entropy():
     torch.testing.assert_close(loss_fn(logits, tgt, 0.0), expected)
     torch.testing.assert_close(loss_fn(logits, tgt, 0.0, "sum"), 3 * expected)
     assert loss_fn(logits, tgt, 0.1) != loss_fn(logits, tgt, 0.0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_loss_and_its_gradient_equal_torch_cross_entropy(eps, reduction):
+    gen = torch.Generator().manual_seed(0)
+    tgt = torch.randint(1, 50, (3, 9), generator=gen)
+    tgt[0, 5:], tgt[2, 1:] = PAD_ID, PAD_ID
+    logits = (3 * torch.randn(3, 9, 50, generator=gen, dtype=torch.float64)).requires_grad_()
+    expected = F.cross_entropy(
+        logits.flatten(0, 1),
+        tgt.flatten(),
+        ignore_index=PAD_ID,
+        label_smoothing=eps,
+        reduction=reduction,
+    )
+    (expected_grad,) = torch.autograd.grad(2 * expected, logits)
+    mine = loss_fn(logits, tgt, eps, reduction)
+    (grad,) = torch.autograd.grad(2 * mine, logits)
+    torch.testing.assert_close(mine.double(), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-7)
+    assert grad[0, 5:].abs().sum() == 0 and grad[2, 1:].abs().sum() == 0
+
+
+def test_loss_of_bf16_logits_is_computed_in_fp32_and_returns_a_bf16_gradient():
+    gen = torch.Generator().manual_seed(1)
+    tgt = torch.randint(1, 300, (4, 7), generator=gen)
+    logits = torch.randn(4, 7, 300, generator=gen).bfloat16().requires_grad_()
+    loss = loss_fn(logits, tgt, 0.1, "sum")
+    loss.backward()
+    assert loss.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    expected = F.cross_entropy(
+        logits.float().flatten(0, 1), tgt.flatten(), label_smoothing=0.1, reduction="sum"
+    )
+    torch.testing.assert_close(loss, expected)
 
 
 def test_linear_schedule_decays_to_zero_at_the_last_update_and_resumes_its_plan():
