@@ -58,15 +58,15 @@ class DataConfig:
 class TokenizerConfig:
     joint: bool = False  # one SentencePiece model for both languages, or one each
     vocab_size: int = 8000  # per model (the source's, when tgt_vocab_size is set)
-    tgt_vocab_size: int = 0  # the target model's size, when not joint; 0: vocab_size
+    tgt_vocab_size: int = 4000  # the target model's size; 0: vocab_size; a joint model has one
     model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = 0.9995
     input_sentence_size: int = 200_000  # sentences sampled to train each model on
 
     @property
     def tgt_size(self) -> int:
-        """The target model's size: its own, or the source's."""
-        return self.tgt_vocab_size or self.vocab_size
+        """The target model's size: its own, or the source's (always, when joint)."""
+        return self.vocab_size if self.joint else self.tgt_vocab_size or self.vocab_size
 
 
 @dataclass
@@ -332,8 +332,6 @@ def _check_tokenizer_and_lengths(cfg: Config) -> None:
         size = getattr(cfg.tokenizer, key)
         if size < 300 and (size or key == "vocab_size"):
             raise ConfigError(f"tokenizer.{key}: must be at least 300 (256 byte pieces + others)")
-    if cfg.tokenizer.joint and cfg.tokenizer.tgt_vocab_size:
-        raise ConfigError("tokenizer.tgt_vocab_size: a joint vocabulary has one size (vocab_size)")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError("data.src_lang and data.tgt_lang must differ")
     longest = cfg.data.max_positions()

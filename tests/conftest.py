@@ -17,7 +17,7 @@ from .synthetic import number_pairs
 def tokenizer(tmp_path_factory) -> Tokenizer:
     pairs = number_pairs(500)
     out = tmp_path_factory.mktemp("tok")
-    cfg = TokenizerConfig(vocab_size=300, character_coverage=1.0)
+    cfg = TokenizerConfig(vocab_size=300, tgt_vocab_size=0, character_coverage=1.0)
     return Tokenizer.train([s for s, _ in pairs], [t for _, t in pairs], cfg, "zh", "en", out)
 
 

@@ -69,10 +69,6 @@ def test_unknown_section_is_named(tmp_path):
         ("tokenizer:\n  joint: 1\n", r"tokenizer\.joint: expected bool"),
         ("train:\n  ema_decay: 1\n", r"train\.ema_decay: must be in \[0, 1\)"),
         ("tokenizer:\n  tgt_vocab_size: 200\n", r"tokenizer\.tgt_vocab_size: must be at least"),
-        (
-            "tokenizer:\n  joint: true\n  tgt_vocab_size: 4000\n",
-            r"tokenizer\.tgt_vocab_size: a joint vocabulary has one size",
-        ),
         ("data:\n  swap_columns: zh-en\n", r"data\.swap_columns: expected bool"),
         ("model: 3\n", r"model: expected a mapping"),
         ("- a\n- b\n", r"expected a mapping"),
@@ -94,6 +90,13 @@ def test_missing_file(tmp_path):
 def test_int_accepted_for_float(tmp_path):
     cfg = config.load(write(tmp_path, "train:\n  lr: 1\n"))
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+
+
+def test_a_joint_vocabulary_has_one_size_whatever_tgt_vocab_size_says(tmp_path):
+    cfg = config.load(write(tmp_path, "tokenizer:\n  joint: true\n  vocab_size: 6000\n"))
+    assert cfg.tokenizer.tgt_vocab_size == 4000 and cfg.tokenizer.tgt_size == 6000
+    cfg.tokenizer.joint = False
+    assert cfg.tokenizer.tgt_size == 4000
 
 
 def test_overrides(tmp_path):

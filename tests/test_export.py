@@ -64,7 +64,9 @@ def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, fl
 def random_config(norm: str, tie: bool, joint: bool, beam: int = 1) -> Config:
     return Config(
         data=DataConfig(max_src_len=12, max_tgt_len=14),
-        tokenizer=TokenizerConfig(joint=joint, vocab_size=300, character_coverage=1.0),
+        tokenizer=TokenizerConfig(
+            joint=joint, vocab_size=300, tgt_vocab_size=0, character_coverage=1.0
+        ),
         model=ModelConfig(
             d_model=32,
             n_heads=4,

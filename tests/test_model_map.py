@@ -71,6 +71,6 @@ def test_info_of_a_config_before_training():
     result = CliRunner().invoke(app, ["info", "--config", str(path)])
     assert result.exit_code == 0, result.output
     cfg = config.load(path)
-    vocab, max_len = cfg.tokenizer.vocab_size, cfg.data.max_src_len
-    model = Transformer(cfg.model, vocab, vocab, max_len, 0)
+    vocab, max_len = (cfg.tokenizer.vocab_size, cfg.tokenizer.tgt_size), cfg.data.max_src_len
+    model = Transformer(cfg.model, *vocab, max_len, 0)
     assert f"total: {sum(p.numel() for p in model.parameters()):,} parameters" in result.stdout

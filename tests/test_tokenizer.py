@@ -30,17 +30,19 @@ def test_separate_models_have_their_own_vocabularies(tokenizer):
 def test_load_and_joint(tmp_path):
     from mtrain.config import TokenizerConfig
 
+    # tgt_vocab_size keeps its default (4,000): a joint vocabulary ignores it, one model serves both
     cfg = TokenizerConfig(joint=True, vocab_size=300, character_coverage=1.0)
     tok = Tokenizer.train(["一二三"] * 50, ["one two three"] * 50, cfg, "zh", "en", tmp_path)
     again = Tokenizer.load(tmp_path)
     assert again.src.serialized_model_proto() == again.tgt.serialized_model_proto()
     assert again.encode_src(["一二"]) == tok.encode_tgt(["一二"])
+    assert tok.tgt_vocab_size == tok.src_vocab_size <= 300
 
 
 def test_training_is_repeatable(tmp_path):
     from mtrain.config import TokenizerConfig
 
-    cfg = TokenizerConfig(vocab_size=300, character_coverage=1.0)
+    cfg = TokenizerConfig(vocab_size=300, tgt_vocab_size=0, character_coverage=1.0)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
