@@ -257,9 +257,8 @@ def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_pat
     from mtrain.tokenizer import Tokenizer
 
     texts = [f"word{i} other{i * 3}" for i in range(200)]
-    wider = config.TokenizerConfig(
-        vocab_size=300, tgt_vocab_size=0, character_coverage=1.0
-    )  # same size
+    # the same sizes as the run's
+    wider = config.TokenizerConfig(vocab_size=300, tgt_vocab_size=0, character_coverage=1.0)
     Tokenizer.train(texts, texts, wider, "en", "de", other)
     (tmp_path / "spm.tgt.model").write_bytes((other / "spm.tgt.model").read_bytes())
     with pytest.raises(CheckpointError, match="SentencePiece models differ"):
