@@ -8,16 +8,16 @@ import typer
 
 from mtrain.commands import evaluate, export, info, plot, prepare, serve, train, translate
 from mtrain.commands.common import error
-from mtrain.config import ConfigError
-from mtrain.corpus import DataError
-from mtrain.distributed import DistributedError
-from mtrain.export import ExportError
+from mtrain.core.config import ConfigError
+from mtrain.core.distributed import DistributedError
+from mtrain.core.files import DirectoryLocked, FileRefused
+from mtrain.core.jsonl import LogError
+from mtrain.core.runtime import DeviceError
+from mtrain.data.corpus import DataError
+from mtrain.data.tokenizer import TokenizerError
+from mtrain.export.converter import ExportError
 from mtrain.figures.common import FigureError
-from mtrain.files import DirectoryLocked, FileRefused
-from mtrain.jsonl import LogError
-from mtrain.run_dir import CheckpointError
-from mtrain.runtime import DeviceError
-from mtrain.tokenizer import TokenizerError
+from mtrain.run.directory import CheckpointError
 
 app = typer.Typer(
     add_completion=False,

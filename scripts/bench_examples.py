@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtrain import config, runtime
-from mtrain.examples import translate_examples
-from mtrain.run_dir import CONFIG_FILE
-from mtrain.train import Trainer
-from mtrain.validation import Validation, dev_scores
+from mtrain.core import config, runtime
+from mtrain.run.directory import CONFIG_FILE
+from mtrain.training.examples import translate_examples
+from mtrain.training.trainer import Trainer
+from mtrain.training.validation import Validation, dev_scores
 
 
 def median_seconds(repeats: int, work, warm_up: bool = True) -> tuple[float, object]:
@@ -79,7 +79,7 @@ def main() -> None:
         for example in translated:
             print(f"  {example.source} → {example.translation}")
         try:
-            from mtrain.tensorboard_log import TensorBoardLog
+            from mtrain.training.tensorboard_log import TensorBoardLog
 
             board = TensorBoardLog(Path(tmp) / "tensorboard", 0)
         except ImportError:

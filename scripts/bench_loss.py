@@ -17,8 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mtrain.optim import loss_fn
-from mtrain.tokenizer import PAD_ID
+from mtrain.data.tokenizer import PAD_ID
+from mtrain.training.optim import loss_fn
 
 LABEL_SMOOTHING = 0.1
 

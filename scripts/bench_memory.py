@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mtrain import config
-from mtrain.batching import BatchStream
-from mtrain.dataset import TokenCorpus
-from mtrain.training_log import LOG_EVERY
+from mtrain.core import config
+from mtrain.data.batching import BatchStream
+from mtrain.data.token_corpus import TokenCorpus
+from mtrain.training.run_log import LOG_EVERY
 
 SAMPLE_SECONDS = 0.5  # how often the resident set is read, for its course over the run
 

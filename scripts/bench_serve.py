@@ -30,10 +30,10 @@ import threading
 import time
 from pathlib import Path
 
-from mtrain import config
-from mtrain.corpus import corpora, read_pairs
-from mtrain.export import MTRAIN_CONFIG
-from mtrain.run_dir import CONFIG_FILE
+from mtrain.core import config
+from mtrain.data.corpus import corpora, read_pairs
+from mtrain.export.converter import MTRAIN_CONFIG
+from mtrain.run.directory import CONFIG_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -34,15 +34,15 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import config, distributed, runtime
-from mtrain.config import Config
-from mtrain.data import Batch
-from mtrain.distributed import Group
-from mtrain.optim import build_optimizer
-from mtrain.run_dir import build_model
-from mtrain.tokenizer import PAD_ID
-from mtrain.training_data import TrainingData
-from mtrain.update_step import LossSettings, UpdateStep
+from mtrain.core import config, distributed, runtime
+from mtrain.core.config import Config
+from mtrain.core.distributed import Group
+from mtrain.data.pairs import Batch
+from mtrain.data.tokenizer import PAD_ID
+from mtrain.run.directory import build_model
+from mtrain.training.data import TrainingData
+from mtrain.training.optim import build_optimizer
+from mtrain.training.update_step import LossSettings, UpdateStep
 
 
 def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:

@@ -25,10 +25,10 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
 from mtrain.commands.common import Decoding, Engine, load_engine
-from mtrain.corpus import corpora, read_pairs
-from mtrain.data import group_references
-from mtrain.evaluate import BLEU_TOKENIZERS, reference_streams
-from mtrain.run_dir import BEST, run_config
+from mtrain.core.metrics import BLEU_TOKENIZERS, reference_streams
+from mtrain.data.corpus import corpora, read_pairs
+from mtrain.data.pairs import group_references
+from mtrain.run.directory import BEST, run_config
 
 OPTIONS = {"beam": int, "alpha": float, "checkpoint": str}
 

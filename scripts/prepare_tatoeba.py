@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from mtrain.text import normalize
+from mtrain.data.text import normalize
 
 Row = tuple[str, str, str, str]  # cmn_id, Chinese, eng_id, English
 

@@ -19,7 +19,7 @@ import unicodedata
 from itertools import zip_longest
 from pathlib import Path
 
-from mtrain.data import group_references, read_parallel
+from mtrain.data.pairs import group_references, read_parallel
 
 
 def strip_final_punctuation(sentence: str) -> str:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mtrain.config import TokenizerConfig
-from mtrain.tokenizer import Tokenizer
+from mtrain.core.config import TokenizerConfig
+from mtrain.data.tokenizer import Tokenizer
 
 from .console import mtrain
 from .synthetic import number_pairs

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from mtrain import config
-from mtrain.config import ModelConfig
-from mtrain.model import Transformer
-from mtrain.tokenizer import EOS_ID, PAD_ID
+from mtrain.core import config
+from mtrain.core.config import ModelConfig
+from mtrain.data.tokenizer import EOS_ID, PAD_ID
+from mtrain.model.transformer import Transformer
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS_ZH = "零一二三四五六七八九"

@@ -9,11 +9,11 @@ from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 from PIL import Image
 
-from mtrain.attention_recorder import AttentionRecorder
-from mtrain.decode import beam_search, greedy
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.decoding.attention import AttentionRecorder
+from mtrain.decoding.search import beam_search, greedy
 from mtrain.figures.attention import DPI, figure_size, save_figures
 from mtrain.figures.common import cjk_font_path, use_cjk_font
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from .synthetic import model_ending_early, small_model
 

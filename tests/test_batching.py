@@ -8,16 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrain import batching, config
-from mtrain.batching import (
+from mtrain.core import config
+from mtrain.data import batching
+from mtrain.data.batching import (
     BatchStream,
     ShapeGrid,
     length_batches,
     sorted_batches,
     split_batches,
 )
-from mtrain.dataset import TokenCorpus
-from mtrain.prepare import prepare
+from mtrain.data.prepare import prepare
+from mtrain.data.token_corpus import TokenCorpus
 
 REPO = Path(__file__).resolve().parent.parent
 

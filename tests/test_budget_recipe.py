@@ -10,12 +10,13 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from mtrain import config, update_step
-from mtrain.budget_recipe import Choice
 from mtrain.cli import app
-from mtrain.model import Dropout
-from mtrain.run_dir import load_checkpoint
-from mtrain.train import Trainer
+from mtrain.core import config
+from mtrain.model.transformer import Dropout
+from mtrain.run.directory import load_checkpoint
+from mtrain.training import update_step
+from mtrain.training.budget_recipe import Choice
+from mtrain.training.trainer import Trainer
 
 from .synthetic import small_config
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mtrain import config
-from mtrain.config import ConfigError
+from mtrain.core import config
+from mtrain.core.config import ConfigError
 
 from .console import mtrain
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mtrain.corpus import BadLine, read_line, usable
+from mtrain.data.corpus import BadLine, read_line, usable
 
 
 def test_a_line_is_parsed_then_normalised():

@@ -369,14 +369,14 @@ PREPARED_DAMAGE = {
 @pytest.fixture(scope="module")
 def prepared_once(corpus, tmp_path_factory) -> Path:
     """A prepared corpus to copy: preparing it costs a tokenizer's training."""
-    from mtrain.prepare import prepare
+    from mtrain.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("prepared")
     return prepare(prepared_config({**corpus, "prepared_dir": str(root)}))
 
 
 def prepared_config(corpus):
-    from mtrain import config
+    from mtrain.core import config
 
     return config.load(REPO / "configs" / "tiny.yaml", overrides(corpus))
 
@@ -420,7 +420,7 @@ def test_a_manifest_of_the_wrong_shape_is_prepared_again(
 ):
     """Valid JSON that is no manifest is a damaged corpus, prepared again as a torn one is:
     by training and by `mtrain prepare`, with one warning, no traceback."""
-    from mtrain.prepared import MANIFEST, read_manifest
+    from mtrain.data.prepared import MANIFEST, read_manifest
 
     root = tmp_path / "prepared"
     shutil.copytree(prepared_once, root / prepared_once.name)
@@ -438,8 +438,8 @@ def test_a_manifest_of_the_wrong_shape_is_prepared_again(
 
 def test_a_damaged_prepared_corpus_is_named_once(prepared_once, tmp_path):
     """The reason of a check that fails inside another check is not wrapped in a second one."""
-    from mtrain.dataset import TokenCorpus
-    from mtrain.prepared import DamagedCorpus
+    from mtrain.data.prepared import DamagedCorpus
+    from mtrain.data.token_corpus import TokenCorpus
 
     target = tmp_path / prepared_once.name
     shutil.copytree(prepared_once, target)
@@ -456,8 +456,8 @@ def test_a_damaged_prepared_corpus_is_named_once(prepared_once, tmp_path):
 def test_a_corpus_prepared_before_manifests_recorded_vocab_and_checksums_is_read(
     prepared_once, tmp_path
 ):
-    from mtrain.dataset import TokenCorpus
-    from mtrain.prepared import MANIFEST
+    from mtrain.data.prepared import MANIFEST
+    from mtrain.data.token_corpus import TokenCorpus
 
     target = tmp_path / prepared_once.name
     shutil.copytree(prepared_once, target)
@@ -471,8 +471,8 @@ def test_a_corpus_prepared_before_manifests_recorded_vocab_and_checksums_is_read
 def test_a_token_file_cut_short_after_opening_is_named_not_read_as_zeros(
     prepared_once, tmp_path, cut
 ):
-    from mtrain.dataset import TokenCorpus
-    from mtrain.prepared import DamagedCorpus
+    from mtrain.data.prepared import DamagedCorpus
+    from mtrain.data.token_corpus import TokenCorpus
 
     target = tmp_path / prepared_once.name
     shutil.copytree(prepared_once, target)
@@ -484,8 +484,8 @@ def test_a_token_file_cut_short_after_opening_is_named_not_read_as_zeros(
 
 
 def test_offsets_that_disagree_with_the_lengths_are_refused(prepared_once, tmp_path):
-    from mtrain.dataset import TokenCorpus
-    from mtrain.prepared import DamagedCorpus
+    from mtrain.data.prepared import DamagedCorpus
+    from mtrain.data.token_corpus import TokenCorpus
 
     target = tmp_path / prepared_once.name
     shutil.copytree(prepared_once, target)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain.corpus import Corpus, read_pairs
-from mtrain.data import (
+from mtrain.data.corpus import Corpus, read_pairs
+from mtrain.data.pairs import (
     Batch,
     DataError,
     Example,
@@ -16,10 +16,10 @@ from mtrain.data import (
     group_references,
     read_lines,
 )
-from mtrain.dataset import drop_final_punctuation
-from mtrain.optim import loss_fn
-from mtrain.text import normalize
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.data.text import normalize
+from mtrain.data.token_corpus import drop_final_punctuation
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.training.optim import loss_fn
 
 from .synthetic import small_model
 
@@ -236,7 +236,7 @@ def test_rows_and_columns_of_padding_change_neither_loss_nor_gradients():
 
 
 def test_dev_sources_truncated_are_warned_of_once_with_their_number(corpus, tmp_path, caplog):
-    from mtrain.train import Trainer
+    from mtrain.training.trainer import Trainer
 
     from .synthetic import small_config
 

@@ -1,17 +1,17 @@
 import pytest
 import torch
 
-from mtrain.config import ModelConfig
-from mtrain.decode import (
+from mtrain.core.config import ModelConfig
+from mtrain.core.runtime import quantize_int8
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.decoding.search import (
     OutputLayer,
     allowed,
     beam_search,
     greedy,
     length_limits,
 )
-from mtrain.model import Transformer
-from mtrain.runtime import quantize_int8
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.model.transformer import Transformer
 
 from .synthetic import model_ending_early, small_model
 

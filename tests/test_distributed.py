@@ -16,13 +16,13 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from mtrain import config, distributed
-from mtrain.batching import BatchStream
-from mtrain.distributed import Group
-from mtrain.run_dir import CheckpointError, load_checkpoint
-from mtrain.train import Trainer
-from mtrain.training_state import Held, resume_from_rank_0
-from mtrain.update_step import UpdateStep
+from mtrain.core import config, distributed
+from mtrain.core.distributed import Group
+from mtrain.data.batching import BatchStream
+from mtrain.run.directory import CheckpointError, load_checkpoint
+from mtrain.training.state import Held, resume_from_rank_0
+from mtrain.training.trainer import Trainer
+from mtrain.training.update_step import UpdateStep
 
 from .synthetic import REPO, overrides
 
@@ -289,7 +289,8 @@ def test_machines_without_a_shared_disk_resume(corpus, tmp_path):
 # Run `mtrain` with a fault on rank 1, in its third forward pass (the third update).
 FAULTY_MTRAIN = """
 import os, sys, torch
-from mtrain import cli, model
+from mtrain import cli
+from mtrain.model import transformer as model
 fault, real_forward, calls = sys.argv.pop(1), model.Transformer.forward, []
 
 def forward(self, *args):
@@ -327,7 +328,7 @@ def test_out_of_memory_is_one_line_and_a_bug_keeps_its_traceback(corpus, tmp_pat
 def slow_start_worker(rank, port, corpus, tmp_path, report) -> None:
     """Start up as rank `rank` of 2 with a peer timeout of 3 s, while rank 0 spends 10 s more
     training its tokenizer; then train two updates. Writes "ok" or the error into `report`."""
-    from mtrain.tokenizer import Tokenizer
+    from mtrain.data.tokenizer import Tokenizer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

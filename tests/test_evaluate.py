@@ -1,6 +1,6 @@
 import pytest
 
-from mtrain.evaluate import reference_streams, score
+from mtrain.core.metrics import reference_streams, score
 
 
 def test_references_against_themselves_score_100():

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import config, jsonl
-from mtrain.examples import SHORT, choose
-from mtrain.run_dir import EXAMPLES, METRICS
-from mtrain.train import Trainer
+from mtrain.core import config, jsonl
+from mtrain.run.directory import EXAMPLES, METRICS
+from mtrain.training.examples import SHORT, choose
+from mtrain.training.trainer import Trainer
 
 from .synthetic import small_config
 

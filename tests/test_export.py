@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import ct2_engine, export, files
 from mtrain.cli import main
-from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
-from mtrain.decode import NEVER_OUTPUT
-from mtrain.export import ExportError, check_expressible, export_run
-from mtrain.run_dir import BEST, build_model, load_run, save_checkpoint, write_config
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.translator import Translator
+from mtrain.core import files
+from mtrain.core.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.decoding.search import NEVER_OUTPUT
+from mtrain.decoding.translator import Translator
+from mtrain.export import converter as export
+from mtrain.export import engine as ct2_engine
+from mtrain.export.converter import ExportError, check_expressible, export_run
+from mtrain.run.directory import BEST, build_model, load_run, save_checkpoint, write_config
 
 from .synthetic import REPO, number_pairs, overrides
 
@@ -455,7 +457,7 @@ def test_a_full_disk_names_the_destination(ct2, random_run, tmp_path, monkeypatc
 KILLED_EXPORT = """
 import os, sys
 from pathlib import Path
-from mtrain import export
+from mtrain.export import converter as export
 
 run, out, death = sys.argv[1:]
 if death == "written":

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import config, train
-from mtrain.config import ConfigError
-from mtrain.files import DirectoryLock, atomic_open
-from mtrain.run_dir import CheckpointError, load_checkpoint
+from mtrain.core import config
+from mtrain.core.config import ConfigError
+from mtrain.core.files import DirectoryLock, atomic_open
+from mtrain.run.directory import CheckpointError, load_checkpoint
+from mtrain.training.trainer import Trainer
 
 from .synthetic import REPO, overrides, small_config
 
@@ -199,7 +200,7 @@ def test_a_killed_holder_releases_the_lock(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, pathlib; from mtrain.files import DirectoryLock; "
+            "import sys, pathlib; from mtrain.core.files import DirectoryLock; "
             f"lock = DirectoryLock(pathlib.Path({str(tmp_path)!r})).__enter__(); "
             "print('locked', flush=True); sys.stdin.read()",
         ],
@@ -265,11 +266,11 @@ def test_changed_training_data_is_refused_on_resume(corpus, tmp_path, key):
     run = tmp_path / "run"
     run.mkdir()
     cfg = small_config({**corpus, key: str(data)}, max_steps=2, eval_every=2)
-    train.Trainer(cfg, run, torch.device("cpu")).run()
+    Trainer(cfg, run, torch.device("cpu")).run()
     with data.open("a", encoding="utf-8") as f:
         f.write("一\tone\n")
     with pytest.raises(CheckpointError, match=rf"data\.{key}: .* changed since .*last\.pt"):
-        train.Trainer(cfg, run, torch.device("cpu"), resume=True)
+        Trainer(cfg, run, torch.device("cpu"), resume=True)
 
 
 # One line where a traceback was
@@ -381,7 +382,7 @@ def test_checkpoint_outside_the_run_is_refused(run_dir):
 # when the call returns) or while the phase waits, however fast the machine.
 HELD_TOKENIZER = """
 import sys
-from mtrain import tokenizer
+from mtrain.data import tokenizer
 from mtrain.__main__ import main
 
 train_model = tokenizer._train_model

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrain import files
-from mtrain.corpus import DataError
-from mtrain.data import decode_lines
-from mtrain.files import atomic_open, first_bad_line, write_atomic
-from mtrain.run_dir import save_copy
+from mtrain.core import files
+from mtrain.core.files import atomic_open, first_bad_line, write_atomic
+from mtrain.data.corpus import DataError
+from mtrain.data.pairs import decode_lines
+from mtrain.run.directory import save_copy
 
 
 def leftovers(directory) -> list[str]:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrain import jsonl
-from mtrain.jsonl import LogError
+from mtrain.core import jsonl
+from mtrain.core.jsonl import LogError
 
 records = st.lists(
     st.fixed_dictionaries(

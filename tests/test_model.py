@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtrain.config import ModelConfig
-from mtrain.model import Dropout, Transformer, attention, causal_mask, padding_mask
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.core.config import ModelConfig
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.model.transformer import Dropout, Transformer, attention, causal_mask, padding_mask
 
 from .synthetic import small_model
 

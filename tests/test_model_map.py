@@ -8,11 +8,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mtrain import config, model_map, train
 from mtrain.cli import app
-from mtrain.config import ModelConfig
-from mtrain.model import Transformer
-from mtrain.run_dir import write_config
+from mtrain.core import config
+from mtrain.core.config import ModelConfig
+from mtrain.model import parameter_map
+from mtrain.model.transformer import Transformer
+from mtrain.run.directory import write_config
+from mtrain.training.trainer import Trainer
 
 from .synthetic import REPO, small_config
 
@@ -26,9 +28,9 @@ def test_counts_equal_the_models_parameters(tie, joint, norm):
         tie_embeddings=tie,
     )  # fmt: skip
     model = Transformer(cfg, 300, 300 if joint else 280, 20, 0, joint_vocab=joint)
-    parts = model_map.parts(model)
+    parts = parameter_map.parts(model)
     total = sum(p.numel() for p in model.parameters())  # counts a shared tensor once
-    assert model_map.total(parts) == total
+    assert parameter_map.total(parts) == total
     assert sum(p.parameters for p in parts if p.depth == 1) == total  # the top parts partition it
     leaves = [
         p for i, p in enumerate(parts) if i + 1 == len(parts) or parts[i + 1].depth <= p.depth
@@ -48,7 +50,7 @@ def test_counts_equal_the_models_parameters(tie, joint, norm):
 
 def test_info_json_on_a_run(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=10, eval_every=10)
-    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
+    trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
     trainer.run()
     write_config(tmp_path, cfg)
     result = CliRunner().invoke(app, ["info", str(tmp_path), "--json"])

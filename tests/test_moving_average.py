@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mtrain.moving_average import MovingAverage
+from mtrain.training.moving_average import MovingAverage
 
 
 def test_the_average_follows_the_ramped_decay_exactly():

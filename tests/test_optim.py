@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtrain.config import TrainConfig
-from mtrain.coordinator import Coordinator
-from mtrain.distributed import Group
-from mtrain.optim import LinearSchedule, Schedule, build_optimizer, loss_fn, lr_factor
-from mtrain.tokenizer import PAD_ID
+from mtrain.core.config import TrainConfig
+from mtrain.core.distributed import Group
+from mtrain.data.tokenizer import PAD_ID
+from mtrain.training.coordinator import Coordinator
+from mtrain.training.optim import LinearSchedule, Schedule, build_optimizer, loss_fn, lr_factor
 
 
 def linear(warmup: int, total: int | None) -> Schedule:

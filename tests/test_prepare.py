@@ -17,16 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtrain import config, encode_corpus
-from mtrain import prepare as prepare_module
-from mtrain import prepared as prepared_format
-from mtrain.corpus import OPENERS, DataError, check_files, corpora, fingerprint
-from mtrain.data import Batch, encode_pairs, read_parallel
-from mtrain.dataset import TokenCorpus
-from mtrain.prepare import prepare, prepared_dir
-from mtrain.prepared import identity
-from mtrain.tokenizer import Tokenizer
-from mtrain.training_data import prepared_corpus
+from mtrain.core import config
+from mtrain.data import encode_corpus
+from mtrain.data import prepare as prepare_module
+from mtrain.data import prepared as prepared_format
+from mtrain.data.corpus import OPENERS, DataError, check_files, corpora, fingerprint
+from mtrain.data.pairs import Batch, encode_pairs, read_parallel
+from mtrain.data.prepare import prepare, prepared_dir
+from mtrain.data.prepared import identity
+from mtrain.data.token_corpus import TokenCorpus
+from mtrain.data.tokenizer import Tokenizer
+from mtrain.training.data import prepared_corpus
 
 from .synthetic import REPO, number_pairs, overrides
 from .test_training_data import Replies

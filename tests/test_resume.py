@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import config, jsonl, train, update_step
 from mtrain.commands.train import check_resumable
-from mtrain.run_dir import (
+from mtrain.core import config, jsonl, runtime
+from mtrain.run.directory import (
     TRAIN_LOG,
     CheckpointError,
     load_checkpoint,
@@ -25,8 +25,9 @@ from mtrain.run_dir import (
     step_checkpoints,
     write_config,
 )
-from mtrain.train import Validation
-from mtrain.validation import Validator
+from mtrain.training import update_step
+from mtrain.training.trainer import NonFiniteLoss, Trainer, Validation
+from mtrain.training.validation import Validator
 
 from .synthetic import REPO, overrides, small_config
 
@@ -61,7 +62,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_d
     """With a moving average of the weights too: it is resumed, not restarted."""
     whole = tmp_path / "whole"
     whole.mkdir()
-    train.Trainer(
+    Trainer(
         small_config(corpus, max_steps=30, eval_every=10, ema_decay=ema_decay),
         whole,
         torch.device("cpu"),
@@ -71,11 +72,11 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_d
     parts.mkdir()
     device = torch.device("cpu")
     # 400 pairs make about 8 batches: step 13 stops inside the second epoch.
-    train.Trainer(
+    Trainer(
         small_config(corpus, max_steps=13, eval_every=10, ema_decay=ema_decay), parts, device
     ).run()
     assert torch.load(parts / "last.pt", weights_only=True)["batches_done"] > 0
-    resumed = train.Trainer(
+    resumed = Trainer(
         small_config(corpus, max_steps=30, eval_every=10, ema_decay=ema_decay),
         parts,
         device,
@@ -106,7 +107,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_d
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
-    trainer = train.Trainer(
+    trainer = Trainer(
         small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu")
     )
     real_loss = update_step.loss_fn
@@ -116,7 +117,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
         return loss * float("nan") if trainer.step == 7 else loss
 
     monkeypatch.setattr(update_step, "loss_fn", poisoned)
-    with pytest.raises(train.NonFiniteLoss, match="step 8: the loss is nan"):
+    with pytest.raises(NonFiniteLoss, match="step 8: the loss is nan"):
         trainer.run()
     saved = load_checkpoint(tmp_path / "last.pt")
     assert saved["step"] == 5
@@ -159,7 +160,7 @@ def test_resume_with_another_config_is_refused(corpus, tmp_path):
     run.mkdir()
     cfg = small_config(corpus, max_steps=5, eval_every=5)
     write_config(run, cfg)
-    train.Trainer(cfg, run, torch.device("cpu")).run()
+    Trainer(cfg, run, torch.device("cpu")).run()
     settings = [*overrides(corpus, max_steps=5, eval_every=5), "model.d_model=32"]
     result = subprocess.run(
         mtrain_train(run, settings), cwd=REPO, capture_output=True, text=True, env=ENV
@@ -204,7 +205,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, monkeypatch):
     cfg = small_config(corpus, max_steps=10, eval_every=10, skip_nonfinite="true")
-    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"))
+    trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
     real_loss = update_step.loss_fn
     calls = []
 
@@ -221,7 +222,7 @@ def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, mon
 
 
 def test_out_of_memory_batch_is_reported_and_skipped(corpus, tmp_path, monkeypatch, caplog):
-    trainer = train.Trainer(
+    trainer = Trainer(
         small_config(corpus, max_steps=6, eval_every=6), tmp_path, torch.device("cpu")
     )
     real_forward = trainer.model.forward
@@ -242,7 +243,7 @@ def test_out_of_memory_batch_is_reported_and_skipped(corpus, tmp_path, monkeypat
 
 def test_keeps_the_last_k_step_checkpoints(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=20, eval_every=5, keep_last=2)
-    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    Trainer(cfg, tmp_path, torch.device("cpu")).run()
     names = [p.name for p in step_checkpoints(tmp_path)]
     assert names == ["step-00000015.pt", "step-00000020.pt"]
     assert (tmp_path / "best.pt").exists() and (tmp_path / "last.pt").exists()
@@ -251,10 +252,10 @@ def test_keeps_the_last_k_step_checkpoints(corpus, tmp_path):
 def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=5, eval_every=5)
     write_config(tmp_path, cfg)
-    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    Trainer(cfg, tmp_path, torch.device("cpu")).run()
     other = tmp_path / "other"
     other.mkdir()
-    from mtrain.tokenizer import Tokenizer
+    from mtrain.data.tokenizer import Tokenizer
 
     texts = [f"word{i} other{i * 3}" for i in range(200)]
     # the same sizes as the run's
@@ -339,7 +340,7 @@ class Flat(Validator):
 def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
     corpus, tmp_path, caplog, schedule
 ):
-    def trainer(**keys) -> train.Trainer:
+    def trainer(**keys) -> Trainer:
         keys = {"max_steps": 100, "eval_every": 5, "warmup_steps": 2, **keys}
         cfg = small_config(corpus, lr_schedule=schedule, **keys)
         resume = (tmp_path / "last.pt").exists()
@@ -347,7 +348,7 @@ def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
             check_resumable(tmp_path, cfg)  # the CLI lets a resumed run change its patience
         else:
             write_config(tmp_path, cfg)
-        return train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=resume, make_validator=Flat)
+        return Trainer(cfg, tmp_path, torch.device("cpu"), resume=resume, make_validator=Flat)
 
     first = trainer(patience=2)
     first.run()
@@ -367,14 +368,14 @@ def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
 
 def test_a_run_ended_by_max_steps_is_left_as_it_is_when_only_its_budget_is_raised(corpus, tmp_path):
     keys = {"max_steps": 6, "eval_every": 3, "keep_last": 2, "average_last": 2}
-    train.Trainer(small_config(corpus, max_minutes=30, **keys), tmp_path, torch.device("cpu")).run()
+    Trainer(small_config(corpus, max_minutes=30, **keys), tmp_path, torch.device("cpu")).run()
 
     def files_of_the_run():
         return {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix in (".pt", ".jsonl")}
 
     files = files_of_the_run()
     more_minutes = small_config(corpus, max_minutes=60, **keys)
-    resumed = train.Trainer(more_minutes, tmp_path, torch.device("cpu"), resume=True)
+    resumed = Trainer(more_minutes, tmp_path, torch.device("cpu"), resume=True)
     resumed.run()  # more minutes cannot outlast max_steps: nothing to average or log again
     assert resumed.step == 6
     assert files_of_the_run() == files
@@ -393,12 +394,12 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
                 raise RuntimeError("out of memory while decoding the dev set")
             return super().__call__(step)
 
-    trainer = train.Trainer(cfg, tmp_path, torch.device("cpu"), make_validator=FailingSecond)
+    trainer = Trainer(cfg, tmp_path, torch.device("cpu"), make_validator=FailingSecond)
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.run()
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 10
     assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5]
-    resumed = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+    resumed = Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
     assert resumed.step == 10
     resumed.run()
     assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5, 10]
@@ -408,22 +409,22 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
 def test_a_run_resumed_in_another_dtype_says_so(corpus, tmp_path, monkeypatch, caplog):
     cpu = torch.device("cpu")
     cfg = small_config(corpus, max_steps=10, eval_every=10, precision="fp32")
-    train.Trainer(cfg, tmp_path, cpu).run()
+    Trainer(cfg, tmp_path, cpu).run()
     assert load_checkpoint(tmp_path / "last.pt")["dtype"] == "float32"
 
     caplog.set_level("WARNING")
-    train.Trainer(cfg, tmp_path, cpu, resume=True)  # the same dtype: no word of it
+    Trainer(cfg, tmp_path, cpu, resume=True)  # the same dtype: no word of it
     assert "was trained in" not in caplog.text
     # On a machine where auto picks bf16:
-    monkeypatch.setattr(train.runtime, "mixed_precision", lambda device, precision: torch.bfloat16)
-    train.Trainer(cfg, tmp_path, cpu, resume=True)
+    monkeypatch.setattr(runtime, "mixed_precision", lambda device, precision: torch.bfloat16)
+    Trainer(cfg, tmp_path, cpu, resume=True)
     assert "was trained in float32; the run goes on in bfloat16" in caplog.text
 
 
 def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=6, eval_every=3)
     write_config(tmp_path, cfg)
-    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    Trainer(cfg, tmp_path, torch.device("cpu")).run()
     state = load_checkpoint(tmp_path / "last.pt")
     # As written before torchrun, dtypes, validation marks and limits were recorded.
     (rng,) = state.pop("rng")
@@ -433,11 +434,11 @@ def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
     old["finished"] = {"reason": "train.max_steps is 6", "max_steps": 6, "max_minutes": math.inf}
     save_checkpoint(tmp_path / "last.pt", old)
 
-    again = train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+    again = Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
     assert again.step == 6 and again.finished.limit == "max_steps"
     assert again.run() == state["best_bleu"]  # finished: nothing to do
     more = small_config(corpus, max_steps=9, eval_every=3)
-    resumed = train.Trainer(more, tmp_path, torch.device("cpu"), resume=True)
+    resumed = Trainer(more, tmp_path, torch.device("cpu"), resume=True)
     assert torch.equal(torch.get_rng_state(), rng["torch"])
     resumed.run()
     upgraded = load_checkpoint(tmp_path / "last.pt")
@@ -446,8 +447,8 @@ def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
 
 def test_a_checkpoint_of_a_newer_format_is_refused(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=3, eval_every=3)
-    train.Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    Trainer(cfg, tmp_path, torch.device("cpu")).run()
     state = load_checkpoint(tmp_path / "last.pt")
     save_checkpoint(tmp_path / "last.pt", {**state, "format": 99})
     with pytest.raises(CheckpointError, match="its format 99 is newer than this mtrain's"):
-        train.Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+        Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mtrain.config import TrainConfig
-from mtrain.run_dir import (
+from mtrain.core.config import TrainConfig
+from mtrain.run.directory import (
     LAST,
     CheckpointError,
     average_checkpoints,
@@ -13,7 +13,7 @@ from mtrain.run_dir import (
     peek_checkpoint,
     save_checkpoint,
 )
-from mtrain.training_state import Checkpoints
+from mtrain.training.state import Checkpoints
 
 from .synthetic import small_model
 

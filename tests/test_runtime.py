@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from mtrain import runtime
+from mtrain.core import runtime
 
 CPU = torch.device("cpu")
 
@@ -39,7 +39,7 @@ def test_auto_precision_on_the_cpu_is_fp32_where_pytorch_cannot_list_its_capabil
 FRAGMENTED_HEAP = """
 import sys, torch
 from pathlib import Path
-from mtrain import runtime
+from mtrain.core import runtime
 
 def resident_mb():
     status = Path("/proc/self/status").read_text()

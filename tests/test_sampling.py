@@ -11,17 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from mtrain import config, train
-from mtrain.batching import BatchStream
-from mtrain.config import ConfigError
-from mtrain.dataset import drop_final_punctuation
-from mtrain.distributed import Group
-from mtrain.prepare import prepared_dir
-from mtrain.prepared import DamagedCorpus
-from mtrain.run_dir import load_checkpoint, write_config
-from mtrain.subword_sampling import planned_lengths
-from mtrain.tokenizer import EOS_ID, PAD_ID
-from mtrain.training_data import TrainingData
+from mtrain.core import config
+from mtrain.core.config import ConfigError
+from mtrain.core.distributed import Group
+from mtrain.data.batching import BatchStream
+from mtrain.data.prepare import prepared_dir
+from mtrain.data.prepared import DamagedCorpus
+from mtrain.data.subword_sampling import planned_lengths
+from mtrain.data.token_corpus import drop_final_punctuation
+from mtrain.data.tokenizer import EOS_ID, PAD_ID
+from mtrain.run.directory import load_checkpoint, write_config
+from mtrain.training.data import TrainingData
+from mtrain.training.trainer import Trainer
 
 from .synthetic import REPO, overrides
 from .test_resume import stop_and_finish
@@ -150,12 +151,12 @@ def test_resume_with_sampling_equals_an_uninterrupted_run(corpus, tmp_path):
     for run in (whole, parts):
         run.mkdir()
     cfg = sampling_config(corpus, 0.3, *settings, max_steps=30, eval_every=10)
-    train.Trainer(cfg, whole, cpu).run()
+    Trainer(cfg, whole, cpu).run()
     assert not sampling_threads()
     first = sampling_config(corpus, 0.3, *settings, max_steps=13, eval_every=10)
-    train.Trainer(first, parts, cpu).run()
+    Trainer(first, parts, cpu).run()
     assert load_checkpoint(parts / "last.pt")["batches_done"] > 0  # within the second epoch
-    train.Trainer(cfg, parts, cpu, resume=True).run()
+    Trainer(cfg, parts, cpu, resume=True).run()
     a, b = (load_checkpoint(run / "last.pt") for run in (whole, parts))
     assert a["step"] == b["step"] == 30
     assert (a["epoch"], a["batches_done"]) == (b["epoch"], b["batches_done"])

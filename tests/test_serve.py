@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtrain.config import DecodeConfig
+from mtrain.core.config import DecodeConfig
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits, SearchOptions
 from mtrain.serve.app import endpoint

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain import jsonl
-from mtrain.files import LOCK_FILE, stamp
-from mtrain.run_dir import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
+from mtrain.core import jsonl
+from mtrain.core.files import LOCK_FILE, stamp
+from mtrain.decoding.translator import Translator
+from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
 from mtrain.serve import reload
 from mtrain.serve.reload import ModelWatcher
 from mtrain.serve.service import Service
 from mtrain.serve.training_view import TrainingView
-from mtrain.translator import Translator
 
 from .console import REPO, mtrain
 from .test_serve import Served, chromium

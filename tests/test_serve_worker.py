@@ -16,14 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.requests import Request
 
-from mtrain import config
-from mtrain.config import MAX_ALPHA, ConfigError, DecodeConfig
+from mtrain.core import config
+from mtrain.core.config import MAX_ALPHA, ConfigError, DecodeConfig
+from mtrain.decoding.translator import Source
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits, SearchOptions
 from mtrain.serve.app import Server
 from mtrain.serve.batcher import Batcher, Job, Pace, Policy, PolicyError, WorkerDown
 from mtrain.serve.service import Decoded
-from mtrain.translator import Source
 
 from .console import mtrain
 from .test_serve import GREEDY, LENIENT, Answers, Model, Served, held_batcher, job

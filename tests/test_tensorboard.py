@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from mtrain import jsonl
-from mtrain.run_dir import EXAMPLES, TENSORBOARD
-from mtrain.train import Trainer
+from mtrain.core import jsonl
+from mtrain.run.directory import EXAMPLES, TENSORBOARD
+from mtrain.training.trainer import Trainer
 
 from .synthetic import REPO, overrides, small_config
 

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, fit, too_long
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, fit, too_long
 
 
 def test_pinned_special_ids(tokenizer):
@@ -28,7 +28,7 @@ def test_separate_models_have_their_own_vocabularies(tokenizer):
 
 
 def test_load_and_joint(tmp_path):
-    from mtrain.config import TokenizerConfig
+    from mtrain.core.config import TokenizerConfig
 
     # tgt_vocab_size keeps its default (4,000): a joint vocabulary ignores it, one model serves both
     cfg = TokenizerConfig(joint=True, vocab_size=300, character_coverage=1.0)
@@ -40,7 +40,7 @@ def test_load_and_joint(tmp_path):
 
 
 def test_training_is_repeatable(tmp_path):
-    from mtrain.config import TokenizerConfig
+    from mtrain.core.config import TokenizerConfig
 
     cfg = TokenizerConfig(vocab_size=300, tgt_vocab_size=0, character_coverage=1.0)
     a, b = tmp_path / "a", tmp_path / "b"
@@ -63,7 +63,7 @@ def test_the_length_rule_cuts_exactly_what_it_calls_too_long(pieces, max_len):
 def test_the_target_model_takes_its_own_size(tmp_path):
     """tokenizer.tgt_vocab_size sizes the target model alone; the model built for the run has
     an output layer of that size."""
-    from mtrain.config import TokenizerConfig
+    from mtrain.core.config import TokenizerConfig
 
     cfg = TokenizerConfig(vocab_size=400, tgt_vocab_size=300, character_coverage=1.0)
     texts = [f"sentence number {i} of {i * 7} and {i * 13} more words" for i in range(400)]

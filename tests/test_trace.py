@@ -5,9 +5,9 @@ import re
 import pytest
 import torch
 
-from mtrain.decode import allowed, beam_search, greedy
-from mtrain.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from mtrain.trace import Tracer, format_trace
+from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.decoding.search import allowed, beam_search, greedy
+from mtrain.decoding.trace import Tracer, format_trace
 
 from .synthetic import model_ending_early, small_model
 

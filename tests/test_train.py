@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from mtrain import config, jsonl, update_step
 from mtrain.commands.info import echo_training
-from mtrain.data import Batch
-from mtrain.run_dir import AVERAGED, load_checkpoint, step_checkpoints, training_summary
-from mtrain.tokenizer import PAD_ID
-from mtrain.train import Interrupted, Trainer, Update, Validation
-from mtrain.validation import Validator
+from mtrain.core import config, jsonl
+from mtrain.data.pairs import Batch
+from mtrain.data.tokenizer import PAD_ID
+from mtrain.run.directory import AVERAGED, load_checkpoint, step_checkpoints, training_summary
+from mtrain.training import update_step
+from mtrain.training.trainer import Interrupted, Trainer, Update, Validation
+from mtrain.training.validation import Validator
 
 from .synthetic import REPO, overrides, small_config
 

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from mtrain import batching, config
-from mtrain.corpus import DataError
-from mtrain.distributed import Group
-from mtrain.prepared import identity
-from mtrain.run_dir import CheckpointError
-from mtrain.training_data import TrainingData
+from mtrain.core import config
+from mtrain.core.distributed import Group
+from mtrain.data import batching
+from mtrain.data.corpus import DataError
+from mtrain.data.prepared import identity
+from mtrain.run.directory import CheckpointError
+from mtrain.training.data import TrainingData
 
 from .synthetic import REPO, overrides
 

@@ -7,14 +7,14 @@ import io
 import torch
 from tqdm import tqdm
 
-from mtrain.config import TrainConfig
-from mtrain.coordinator import Coordinator
-from mtrain.data import Batch
-from mtrain.distributed import Group
-from mtrain.optim import build_optimizer
-from mtrain.training_data import Update
-from mtrain.training_log import LOG_EVERY, RunLog, TrainLog
-from mtrain.validation import Validation
+from mtrain.core.config import TrainConfig
+from mtrain.core.distributed import Group
+from mtrain.data.pairs import Batch
+from mtrain.training.coordinator import Coordinator
+from mtrain.training.data import Update
+from mtrain.training.optim import build_optimizer
+from mtrain.training.run_log import LOG_EVERY, RunLog, TrainLog
+from mtrain.training.validation import Validation
 
 
 def coordinator_of(cfg: TrainConfig) -> Coordinator:

@@ -3,10 +3,10 @@ import dataclasses
 import pytest
 import torch
 
-from mtrain.config import Config, DataConfig, DecodeConfig, ModelConfig
-from mtrain.model import Transformer
-from mtrain.tokenizer import PAD_ID
-from mtrain.translator import Translator
+from mtrain.core.config import Config, DataConfig, DecodeConfig, ModelConfig
+from mtrain.data.tokenizer import PAD_ID
+from mtrain.decoding.translator import Translator
+from mtrain.model.transformer import Transformer
 
 from .synthetic import number_pairs
 

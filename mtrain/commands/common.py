@@ -18,10 +18,12 @@ from typing import Annotated
 
 import typer
 
-from mtrain import config, corpus, ct2_engine, runtime
-from mtrain.config import MAX_ALPHA, Config, DecodeConfig
-from mtrain.run_dir import BEST, latest_run, load_run
-from mtrain.translator import TextTranslator, Translator
+from mtrain.core import config, runtime
+from mtrain.core.config import MAX_ALPHA, Config, DecodeConfig
+from mtrain.data import corpus
+from mtrain.decoding.translator import TextTranslator, Translator
+from mtrain.export import engine as ct2_engine
+from mtrain.run.directory import BEST, latest_run, load_run
 
 RUNS_ROOT = Path("runs")
 

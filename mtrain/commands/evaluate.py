@@ -25,11 +25,11 @@ from mtrain.commands.common import (
     resolve_run,
     setup_logging,
 )
-from mtrain.corpus import corpora, read_pairs
-from mtrain.data import group_references, read_lines
-from mtrain.evaluate import score
-from mtrain.files import DirectoryLock, write_atomic
-from mtrain.run_dir import (
+from mtrain.core.files import DirectoryLock, write_atomic
+from mtrain.core.metrics import score
+from mtrain.data.corpus import corpora, read_pairs
+from mtrain.data.pairs import group_references, read_lines
+from mtrain.run.directory import (
     AVERAGED,
     BEST,
     average_checkpoints,

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from mtrain.commands.common import CheckpointOption, setup_logging
-from mtrain.export import Quantization, export_run
-from mtrain.run_dir import BEST
+from mtrain.export.converter import Quantization, export_run
+from mtrain.run.directory import BEST
 
 
 def export(

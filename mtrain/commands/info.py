@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 
-from mtrain import config
 from mtrain.commands.common import JsonOption, fail, resolve_run, setup_logging
-from mtrain.config import Config
-from mtrain.run_dir import build_model, run_config, training_summary
+from mtrain.core import config
+from mtrain.core.config import Config
+from mtrain.run.directory import build_model, run_config, training_summary
 
 if TYPE_CHECKING:
-    from mtrain.model_map import Part
-    from mtrain.tokenizer import Tokenizer
+    from mtrain.data.tokenizer import Tokenizer
+    from mtrain.model.parameter_map import Part
 
 
 RunArgument = Annotated[
@@ -43,7 +43,7 @@ def info(
     Then the tokenizers' vocabularies, the run's steps, training time, best dev BLEU and
     checkpoints, and its config.
     """
-    from mtrain import model_map
+    from mtrain.model import parameter_map
 
     setup_logging()
     if run is not None and config_path is not None:
@@ -53,7 +53,7 @@ def info(
     else:
         run, cfg, tokenizer, summary = read_run(run)
     model = build_model(cfg, tokenizer)
-    parts = model_map.parts(model)
+    parts = parameter_map.parts(model)
     tokenizers = {
         "joint": cfg.tokenizer.joint,
         "model_type": cfg.tokenizer.model_type,
@@ -65,7 +65,7 @@ def info(
         result = {
             "run": None if run is None else str(run),
             "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
-            "parameters": model_map.total(parts),
+            "parameters": parameter_map.total(parts),
             "parts": [dataclasses.asdict(p) for p in parts],
             "tokenizer": tokenizers,
             "training": summary,
@@ -79,7 +79,7 @@ def info(
 
 def read_run(run: Path | None) -> tuple[Path, Config, Tokenizer, dict[str, Any]]:
     """A run's config, tokenizer and training summary; the latest run when none is named."""
-    from mtrain.tokenizer import Tokenizer
+    from mtrain.data.tokenizer import Tokenizer
 
     run = resolve_run(run)
     cfg = run_config(run)
@@ -92,13 +92,13 @@ def echo_text(
 ) -> None:
     """What `info` prints without --json, below its first line: model, tokenizers, training,
     config."""
-    from mtrain import model_map
+    from mtrain.model import parameter_map
 
     echo = typer.echo
     echo("")
-    for line in model_map.render(parts):
+    for line in parameter_map.render(parts):
         echo(line)
-    echo(f"total: {model_map.total(parts):,} parameters (a shared matrix is counted once)")
+    echo(f"total: {parameter_map.total(parts):,} parameters (a shared matrix is counted once)")
     echo("")
     kind = "one joint model" if cfg.tokenizer.joint else "one model per language"
     how = "trained" if tokenizers["trained"] else "configured size, not trained yet"

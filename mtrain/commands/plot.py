@@ -18,8 +18,8 @@ from mtrain.commands.common import (
     resolve_run,
     setup_logging,
 )
-from mtrain.config import Config
-from mtrain.run_dir import CheckpointError, run_config
+from mtrain.core.config import Config
+from mtrain.run.directory import CheckpointError, run_config
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -108,10 +108,10 @@ def masks(
 
     Pieces come from the run's tokenizers; with no run at all, each character is a piece.
     """
+    from mtrain.data.text import normalize
+    from mtrain.data.tokenizer import fit
     from mtrain.figures.common import save
     from mtrain.figures.masks import draw_masks, mask_inputs
-    from mtrain.text import normalize
-    from mtrain.tokenizer import fit
 
     setup_logging()
     if tgt and len(tgt) != len(texts):

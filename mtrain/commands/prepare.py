@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from mtrain import config
 from mtrain.commands.common import resolve_data, setup_logging
+from mtrain.core import config
 
 
 def prepare(
@@ -28,7 +28,7 @@ def prepare(
     prepare a large corpus once, on the machine and at the time of your choosing. It also
     reads every prepared file back, and prepares again a directory a disk or a copy damaged.
     """
-    from mtrain.prepare import prepare as prepare_corpus  # keeps other commands light
+    from mtrain.data.prepare import prepare as prepare_corpus  # keeps other commands light
 
     setup_logging()
     cfg = config.load(config_path, overrides or [], require_data=True)

@@ -25,8 +25,8 @@ from mtrain.commands.common import (
     resolve_run,
     setup_logging,
 )
-from mtrain.files import stamp
-from mtrain.run_dir import BEST, resolve
+from mtrain.core.files import stamp
+from mtrain.run.directory import BEST, resolve
 from mtrain.serve.batcher import Policy, PolicyError
 from mtrain.serve.edge import (
     GRACE_SECONDS,

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mtrain import config, runtime
 from mtrain.commands.common import (
     RUNS_ROOT,
     DeviceOption,
@@ -18,14 +17,15 @@ from mtrain.commands.common import (
     resolve_data,
     setup_logging,
 )
-from mtrain.config import Config
-from mtrain.files import LOCK_FILE, DirectoryLock, remove_leftovers
-from mtrain.run_dir import BEST, CONFIG_FILE, LAST, run_config, step_checkpoints, write_config
+from mtrain.core import config, runtime
+from mtrain.core.config import Config
+from mtrain.core.files import LOCK_FILE, DirectoryLock, remove_leftovers
+from mtrain.run.directory import BEST, CONFIG_FILE, LAST, run_config, step_checkpoints, write_config
 
 if TYPE_CHECKING:
     import torch
 
-    from mtrain.distributed import Group
+    from mtrain.core.distributed import Group
 
 # Keys a resumed run may change: its limits, its precision, and where prepared corpora are kept.
 RESUMABLE_KEYS = {
@@ -91,7 +91,8 @@ def train(
     a second Ctrl-C exits at once. Under `torchrun --nproc_per_node N -m mtrain train ...`,
     N processes train one model with DistributedDataParallel; rank 0 writes the run.
     """
-    from mtrain import distributed, tensorboard_log  # imported here: keeps `translate` light
+    from mtrain.core import distributed  # imported here: keeps `translate` light
+    from mtrain.training import tensorboard_log
 
     group = distributed.from_env()
     setup_logging(quiet=not group.is_main)
@@ -115,8 +116,14 @@ def train(
 def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group) -> float:
     """Train into `run_dir` as this process of `group`; return the best dev BLEU. Each way a
     run stops early becomes one line, but for a bug, which keeps its traceback."""
-    from mtrain import distributed
-    from mtrain.train import Interrupted, NonFiniteLoss, OutOfMemory, RunFileError, Trainer
+    from mtrain.core import distributed
+    from mtrain.training.trainer import (
+        Interrupted,
+        NonFiniteLoss,
+        OutOfMemory,
+        RunFileError,
+        Trainer,
+    )
 
     try:
         # Rank 0 alone owns the run directory; the others get what they need from it.

@@ -13,7 +13,6 @@ from typing import Annotated, TextIO
 import typer
 from tqdm import tqdm
 
-from mtrain.attention_recorder import AttentionRecorder
 from mtrain.commands.common import (
     AlphaOption,
     BeamOption,
@@ -31,9 +30,7 @@ from mtrain.commands.common import (
     quiet_matplotlib_dirs,
     setup_logging,
 )
-from mtrain.data import decode_lines
-from mtrain.figures.attention import save_figures
-from mtrain.files import (
+from mtrain.core.files import (
     OutputKind,
     check_arguments,
     check_input_encoding,
@@ -41,10 +38,13 @@ from mtrain.files import (
     open_output,
     output_kind,
 )
-from mtrain.run_dir import BEST
-from mtrain.tokenizer import Tokenizer
-from mtrain.trace import Tracer, format_trace
-from mtrain.translator import Inspection, Translation, Translator
+from mtrain.data.pairs import decode_lines
+from mtrain.data.tokenizer import Tokenizer
+from mtrain.decoding.attention import AttentionRecorder
+from mtrain.decoding.trace import Tracer, format_trace
+from mtrain.decoding.translator import Inspection, Translation, Translator
+from mtrain.figures.attention import save_figures
+from mtrain.run.directory import BEST
 
 
 def inspect_line(

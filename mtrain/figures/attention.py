@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from mtrain.attention_recorder import AttentionMaps
+from mtrain.decoding.attention import AttentionMaps
 from mtrain.figures.common import use_cjk_font
 
 CELL = 0.32  # inches per heatmap cell

@@ -6,7 +6,7 @@ import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
-from mtrain.files import FileRefused, open_output, output_kind
+from mtrain.core.files import FileRefused, open_output, output_kind
 
 CJK_FONT = "NotoSansCJKsc-Regular.otf"  # Noto Sans CJK SC, shipped by the mplfonts package
 

@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtrain import jsonl
+from mtrain.core import jsonl
 from mtrain.figures.common import FigureError, use_cjk_font
-from mtrain.run_dir import METRICS, TRAIN_LOG
+from mtrain.run.directory import METRICS, TRAIN_LOG
 
 # Curves: (record key, y-axis label, which log holds it).
 CURVES = (

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mtrain.data import Batch, Example, source_ids
+from mtrain.data.pairs import Batch, Example, source_ids
+from mtrain.data.tokenizer import PAD_ID
 from mtrain.figures.common import use_cjk_font
-from mtrain.model import causal_mask, padding_mask, teacher_forcing_mask
-from mtrain.tokenizer import PAD_ID
+from mtrain.model.transformer import causal_mask, padding_mask, teacher_forcing_mask
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mtrain.figures.common import use_cjk_font
-from mtrain.model import PositionalEncoding
+from mtrain.model.transformer import PositionalEncoding
 
 
 def draw_positional(d_model: int, max_len: int, dims: tuple[int, ...] = ()):

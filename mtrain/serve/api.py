@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mtrain.config import MAX_ALPHA, DecodeConfig
+from mtrain.core.config import MAX_ALPHA, DecodeConfig
 
 
 class ApiError(Exception):

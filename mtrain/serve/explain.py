@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from mtrain.attention_recorder import AttentionMaps, AttentionRecorder
-from mtrain.tokenizer import EOS_ID, Tokenizer
-from mtrain.trace import Tracer, TraceStep
-from mtrain.translator import Source, Translator
+from mtrain.data.tokenizer import EOS_ID, Tokenizer
+from mtrain.decoding.attention import AttentionMaps, AttentionRecorder
+from mtrain.decoding.trace import Tracer, TraceStep
+from mtrain.decoding.translator import Source, Translator
 
 
 def _weights(layers: list[torch.Tensor]) -> list[list[list[list[float]]]]:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from mtrain import runtime
-from mtrain.files import LOCK_FILE, Stamp, is_running, stamp
-from mtrain.run_dir import CheckpointError, load_model
-from mtrain.translator import Translator
+from mtrain.core import runtime
+from mtrain.core.files import LOCK_FILE, Stamp, is_running, stamp
+from mtrain.decoding.translator import Translator
+from mtrain.run.directory import CheckpointError, load_model
 
 log = logging.getLogger(__name__)
 

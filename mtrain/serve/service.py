@@ -7,13 +7,13 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from mtrain import model_map
-from mtrain.config import Config
-from mtrain.run_dir import build_model
+from mtrain.core.config import Config
+from mtrain.decoding.translator import Source, TextTranslator, Translation, Translator
+from mtrain.model import parameter_map
+from mtrain.run.directory import build_model
 from mtrain.serve import explain
 from mtrain.serve.api import SearchOptions
 from mtrain.serve.reload import Loaded
-from mtrain.translator import Source, TextTranslator, Translation, Translator
 
 
 @dataclasses.dataclass
@@ -72,7 +72,7 @@ class Service:
     def describe(self) -> dict[str, Any]:
         """The model: languages, size, checkpoint, engine, default search."""
         cfg, tokenizer = self.cfg, self.base.tokenizer
-        parts = model_map.parts(build_model(cfg, tokenizer))
+        parts = parameter_map.parts(build_model(cfg, tokenizer))
         m = cfg.model
         return {
             "run": str(self.run),
@@ -81,7 +81,7 @@ class Service:
             "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
             "src_lang": cfg.data.src_lang,
             "tgt_lang": cfg.data.tgt_lang,
-            "parameters": model_map.total(parts),
+            "parameters": parameter_map.total(parts),
             "model": {
                 "d_model": m.d_model,
                 "n_heads": m.n_heads,

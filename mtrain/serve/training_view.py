@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtrain import jsonl
-from mtrain.files import Stamp, stamp
-from mtrain.run_dir import EXAMPLES, METRICS, TRAIN_LOG
+from mtrain.core import jsonl
+from mtrain.core.files import Stamp, stamp
+from mtrain.run.directory import EXAMPLES, METRICS, TRAIN_LOG
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,5 @@
+"""Stage 7, export: a trained run converted to a CTranslate2 model directory (`converter`) and
+translated with CTranslate2 behind the same interface as mtrain's own translator (`engine`).
+
+It imports only from the stages before it (`core`, `data`, `model`, `run`, `decoding`).
+"""

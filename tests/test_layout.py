@@ -1,0 +1,87 @@
+"""The layout: packages by stage, each importing only from the stages before it and the base."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import mtrain
+
+PACKAGE = Path(mtrain.__file__).parent
+# The stages in the order data flows; a module may import from its own stage and earlier ones.
+STAGES = [
+    "core",
+    "data",
+    "model",
+    "run",
+    "decoding",
+    "figures",
+    "training",
+    "export",
+    "serve",
+    "commands",
+]
+TOP = len(STAGES)  # mtrain/__init__.py, cli.py, __main__.py: the faces, free to import any stage
+
+
+def stage(module: str) -> int:
+    """The stage of a dotted module name under mtrain."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in STAGES:
+        return TOP
+    return STAGES.index(parts[1])
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """Every mtrain module `path` imports, at any depth (lazy imports inside functions too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "mtrain":
+                found += [(node.lineno, f"mtrain.{alias.name}") for alias in node.names]
+            elif node.module.startswith("mtrain."):
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("mtrain.")]
+    return found
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_lives_in_a_stage_package() -> None:
+    loose = [p.name for p in PACKAGE.glob("*.py")]
+    assert sorted(loose) == ["__init__.py", "__main__.py", "cli.py"]
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert packages == sorted(STAGES)
+
+
+def test_each_package_says_what_it_owns() -> None:
+    for name in STAGES:
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"mtrain/{name}/__init__.py needs a docstring"
+
+
+def test_a_stage_imports_only_from_stages_before_it() -> None:
+    wrong = []
+    for path in modules():
+        here = module_name(path)
+        for line, imported in imports(path):
+            if stage(imported) > stage(here):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
+    """The rule above fails on a data module that imports training (the test can fail)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from mtrain.training.trainer import Trainer\n")
+    assert [stage(m) for _, m in imports(bad)] == [STAGES.index("training")]
+    assert stage("mtrain.data.corpus") < stage("mtrain.training.trainer")
+    assert stage("mtrain.cli") == TOP
