@@ -104,19 +104,19 @@ def train_only(train: Path, prepared: Path, n_updates: int = 50) -> None:
 
     from mtrain.commands.common import resolve_data
     from mtrain.core import config
-    from mtrain.training.trainer import Trainer
+    from mtrain.training.build import build_trainer
 
     overrides = [s.removeprefix("--set=") for s in mtrain_args(train, prepared)]
     cfg = config.load(CONFIG, [*overrides, "train.max_minutes=0"])
     resolve_data(cfg, CONFIG)
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(cfg, Path(run_dir), torch.device("cpu"))
+        trainer = build_trainer(cfg, Path(run_dir), torch.device("cpu"))
         updates = trainer.data.updates(trainer.group, cfg.train.accumulate)
         trainer.update_step(next(updates))
         first = time.monotonic() - began
         for _ in range(n_updates - 1):
             trainer.update_step(next(updates))
-    print(f"train: first update after {first:.1f} s ({len(trainer.corpus):,} pairs)")
+    print(f"train: first update after {first:.1f} s ({len(trainer.data.corpus):,} pairs)")
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from mtrain.core import config, runtime
 from mtrain.run.directory import CONFIG_FILE
+from mtrain.training.build import build_trainer
 from mtrain.training.examples import translate_examples
-from mtrain.training.trainer import Trainer
 from mtrain.training.validation import Validation, dev_scores
 
 
@@ -56,11 +56,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.run:
             cfg = config.load(args.run / CONFIG_FILE, args.set)
-            trainer = Trainer(cfg, args.run, device, resume=True)
+            trainer = build_trainer(cfg, args.run, device, resume=True)
         else:
             cfg = config.load(args.config, args.set)
-            trainer = Trainer(cfg, Path(tmp), device)
-        model, data, amp = trainer.model, trainer.data, trainer.amp_dtype
+            trainer = build_trainer(cfg, Path(tmp), device)
+        model, data, amp = trainer.model, trainer.data, trainer.update_step.amp_dtype
         examples = trainer.validator.examples
         validation, (dev_loss, scores) = median_seconds(
             args.repeats, lambda: dev_scores(model, data, cfg, device, amp), warm_up=False

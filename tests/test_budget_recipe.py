@@ -16,7 +16,7 @@ from mtrain.model.transformer import Dropout
 from mtrain.run.directory import load_checkpoint
 from mtrain.training import update_step
 from mtrain.training.budget_recipe import Choice
-from mtrain.training.trainer import Trainer
+from mtrain.training.build import build_trainer
 
 from .synthetic import small_config
 
@@ -55,7 +55,7 @@ def test_a_run_of_max_steps_chooses_at_start_and_records_it(
     )
     assert cfg.model.dropout == 0.1  # configs/tiny.yaml's
     seen = []
-    trainer = Trainer(cfg, tmp_path, CPU)
+    trainer = build_trainer(cfg, tmp_path, CPU)
     real_loss = update_step.loss_fn
 
     def loss(*args, **kwargs):
@@ -97,7 +97,7 @@ def test_under_a_time_budget_the_choice_waits_for_the_first_plan(corpus, tmp_pat
         seconds[0] += 1.0
         return seconds[0]
 
-    trainer = Trainer(cfg, tmp_path, CPU, clock=clock)
+    trainer = build_trainer(cfg, tmp_path, CPU, clock=clock)
     seen = []
     real_loss = update_step.loss_fn
 
@@ -119,18 +119,18 @@ def test_a_resumed_run_trains_on_with_its_choice(corpus, tmp_path):
         corpus, max_steps=6, eval_every=3, short_run_updates=100, lr_schedule="linear"
     )
     first.train.short_run_dropout = 0.05
-    Trainer(first, tmp_path, CPU).run()
+    build_trainer(first, tmp_path, CPU).run()
     # Resumed under a config whose plan would choose otherwise, it keeps the run's choice.
     again = small_config(
         corpus, max_steps=6, eval_every=3, short_run_updates=0, lr_schedule="linear"
     )
-    resumed = Trainer(again, tmp_path, CPU, resume=True)
+    resumed = build_trainer(again, tmp_path, CPU, resume=True)
     assert resumed.choice == Choice(6, 0.05)
     assert rates(resumed.model) == {0.05}
 
 
 def test_info_shows_the_choice(corpus, tmp_path):
-    Trainer(
+    build_trainer(
         small_config(
             corpus,
             max_steps=4,

@@ -236,7 +236,7 @@ def test_rows_and_columns_of_padding_change_neither_loss_nor_gradients():
 
 
 def test_dev_sources_truncated_are_warned_of_once_with_their_number(corpus, tmp_path, caplog):
-    from mtrain.training.trainer import Trainer
+    from mtrain.training.build import build_trainer
 
     from .synthetic import small_config
 
@@ -245,7 +245,7 @@ def test_dev_sources_truncated_are_warned_of_once_with_their_number(corpus, tmp_
     dev.write_text(f"一二\tone two\n{long}\tlong\n{long}五\tlonger\n", encoding="utf-8")
     cfg = small_config({**corpus, "dev": str(dev), "prepared_dir": str(tmp_path / "prepared")})
     with caplog.at_level("WARNING"):
-        trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
+        trainer = build_trainer(cfg, tmp_path, torch.device("cpu"))
         trainer.validator(trainer.step)
         trainer.validator(trainer.step)
     warned = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]

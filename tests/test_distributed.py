@@ -20,8 +20,8 @@ from mtrain.core import config, distributed
 from mtrain.core.distributed import Group
 from mtrain.data.batching import BatchStream
 from mtrain.run.directory import CheckpointError, load_checkpoint
+from mtrain.training.build import build_trainer
 from mtrain.training.state import Held, resume_from_rank_0
-from mtrain.training.trainer import Trainer
 from mtrain.training.update_step import UpdateStep
 
 from .synthetic import REPO, overrides
@@ -67,8 +67,8 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
             losses.append(super().__call__(update))
             return losses[-1]
 
-    trainer = Trainer(cfg, Path(run_dir), CPU, group=group, make_step=RecordingStep)
-    collate = trainer.corpus.collate
+    trainer = build_trainer(cfg, Path(run_dir), CPU, group=group, make_step=RecordingStep)
+    collate = trainer.data.corpus.collate
     clip = torch.nn.utils.clip_grad_norm_
 
     def recording_collate(indices):
@@ -84,10 +84,10 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
         grads.append([p.grad.clone() for p in parameters])
         return clip(parameters, *args, **kwargs)
 
-    trainer.corpus.collate = recording_collate
+    trainer.data.corpus.collate = recording_collate
     torch.nn.utils.clip_grad_norm_ = recording_clip
     if group.active:
-        trainer.net.register_comm_hook(None, counting_hook)
+        trainer.update_step.net.register_comm_hook(None, counting_hook)
     trainer.run()
     distributed.stop(group)
     report = Path(report)
@@ -140,7 +140,7 @@ def test_two_processes_with_accumulation_equal_one_and_reduce_once_per_update(co
 
     # The ranks took turns through one stream of batches: each batch once, none skipped.
     cfg = tiny_config(corpus, seed=SEED)
-    corpus = Trainer(cfg, tmp_path / "one", CPU, resume=True).corpus
+    corpus = build_trainer(cfg, tmp_path / "one", CPU, resume=True).data.corpus
     stream = BatchStream(corpus.src_len, corpus.tgt_len, cfg.train.batch_tokens, cfg.train.seed)
     assert len(stream.epoch_order(0)) % 6, "the test needs an epoch that 6 batches do not divide"
     batches = iter(stream)
@@ -352,7 +352,7 @@ def slow_start_worker(rank, port, corpus, tmp_path, report) -> None:
     # A corpus of its own to prepare, so that rank 0 does train a tokenizer.
     cfg = tiny_config({**corpus, "prepared_dir": str(Path(tmp_path, "prepared"))})
     try:
-        trainer = Trainer(cfg, run, CPU, group=group)
+        trainer = build_trainer(cfg, run, CPU, group=group)
         updates = trainer.data.updates(group, cfg.train.accumulate)
         for _ in range(2):
             trainer.update_step(next(updates))

@@ -11,8 +11,8 @@ import torch
 
 from mtrain.core import config, jsonl
 from mtrain.run.directory import EXAMPLES, METRICS
+from mtrain.training.build import build_trainer
 from mtrain.training.examples import SHORT, choose
-from mtrain.training.trainer import Trainer
 
 from .synthetic import small_config
 
@@ -32,7 +32,7 @@ def trained(corpus, tmp_path_factory):
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        trainer = Trainer(cfg, run, CPU)
+        trainer = build_trainer(cfg, run, CPU)
         trainer.run()
     finally:
         logger.removeHandler(handler)
@@ -63,7 +63,8 @@ def test_each_validation_writes_its_examples_with_their_attention(trained):
             src, tgt = example["src_pieces"], example["tgt_pieces"]
             assert src[-1] == "</s>"
             attention = torch.tensor(example["attention"])
-            n_layers, n_heads = trainer.cfg.model.n_decoder_layers, trainer.cfg.model.n_heads
+            model = trainer.validator.cfg.model
+            n_layers, n_heads = model.n_decoder_layers, model.n_heads
             assert attention.shape == (n_layers, n_heads, len(tgt), len(src))
             # Each output piece's weights over the source pieces sum to 1 (3 decimals each).
             sums = attention.sum(dim=-1)
@@ -77,7 +78,7 @@ def test_dev_examples_carry_their_references(trained, corpus):
     (record, *_) = jsonl.read(run / EXAMPLES)
     for example in record["examples"][1:]:
         assert example["reference"] == dev[example["source"]]
-        assert len(trainer.tokenizer.encode_src([example["source"]])[0]) <= SHORT
+        assert len(trainer.data.tokenizer.encode_src([example["source"]])[0]) <= SHORT
 
 
 def test_stderr_shows_one_line_per_example_after_the_validation_line(trained):
@@ -111,12 +112,12 @@ def test_the_configured_examples_come_first_and_dev_sentences_are_short(tokenize
 
 
 def test_a_resumed_run_cuts_examples_back_to_its_checkpoint(corpus, tmp_path):
-    Trainer(small_config(corpus, max_steps=13, eval_every=10), tmp_path, CPU).run()
+    build_trainer(small_config(corpus, max_steps=13, eval_every=10), tmp_path, CPU).run()
     with (tmp_path / EXAMPLES).open("a", encoding="utf-8") as f:  # written after last.pt
         f.write(json.dumps({"event": "validation", "step": 25, "minutes": 1.0, "examples": []}))
         f.write("\n")
     cfg = small_config(corpus, max_steps=30, eval_every=10)
-    Trainer(cfg, tmp_path, CPU, resume=True).run()
+    build_trainer(cfg, tmp_path, CPU, resume=True).run()
     assert [r["step"] for r in jsonl.read(tmp_path / EXAMPLES)] == [10, 13, 20, 30]
 
 

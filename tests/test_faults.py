@@ -21,7 +21,7 @@ from mtrain.core import config
 from mtrain.core.config import ConfigError
 from mtrain.core.files import DirectoryLock, atomic_open
 from mtrain.run.directory import CheckpointError, load_checkpoint
-from mtrain.training.trainer import Trainer
+from mtrain.training.build import build_trainer
 
 from .synthetic import REPO, overrides, small_config
 
@@ -266,11 +266,11 @@ def test_changed_training_data_is_refused_on_resume(corpus, tmp_path, key):
     run = tmp_path / "run"
     run.mkdir()
     cfg = small_config({**corpus, key: str(data)}, max_steps=2, eval_every=2)
-    Trainer(cfg, run, torch.device("cpu")).run()
+    build_trainer(cfg, run, torch.device("cpu")).run()
     with data.open("a", encoding="utf-8") as f:
         f.write("一\tone\n")
     with pytest.raises(CheckpointError, match=rf"data\.{key}: .* changed since .*last\.pt"):
-        Trainer(cfg, run, torch.device("cpu"), resume=True)
+        build_trainer(cfg, run, torch.device("cpu"), resume=True)
 
 
 # One line where a traceback was

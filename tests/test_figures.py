@@ -15,7 +15,7 @@ from mtrain.figures.common import cjk_font_path, save, use_cjk_font
 from mtrain.figures.curves import draw_curves
 from mtrain.figures.masks import draw_masks, mask_inputs
 from mtrain.figures.positional import draw_positional
-from mtrain.training.trainer import Trainer
+from mtrain.training.build import build_trainer
 
 from .synthetic import small_config, small_model
 
@@ -30,7 +30,7 @@ def two_runs(corpus, tmp_path_factory) -> list[Path]:
         run = tmp_path_factory.mktemp("runs") / f"lr-{lr}"
         run.mkdir()
         cfg = small_config(corpus, max_steps=20, eval_every=10, lr=lr)
-        Trainer(cfg, run, CPU).run()
+        build_trainer(cfg, run, CPU).run()
         runs.append(run)
     return runs
 

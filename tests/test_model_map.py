@@ -14,7 +14,7 @@ from mtrain.core.config import ModelConfig
 from mtrain.model import parameter_map
 from mtrain.model.transformer import Transformer
 from mtrain.run.directory import write_config
-from mtrain.training.trainer import Trainer
+from mtrain.training.build import build_trainer
 
 from .synthetic import REPO, small_config
 
@@ -50,14 +50,14 @@ def test_counts_equal_the_models_parameters(tie, joint, norm):
 
 def test_info_json_on_a_run(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=10, eval_every=10)
-    trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
+    trainer = build_trainer(cfg, tmp_path, torch.device("cpu"))
     trainer.run()
     write_config(tmp_path, cfg)
     result = CliRunner().invoke(app, ["info", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
     assert info["parameters"] == sum(p.numel() for p in trainer.model.parameters())
-    assert info["tokenizer"]["src_vocab"] == trainer.tokenizer.src_vocab_size
+    assert info["tokenizer"]["src_vocab"] == trainer.data.tokenizer.src_vocab_size
     assert info["training"]["steps"] == 10
     assert {"last.pt", "best.pt"} <= set(info["training"]["checkpoints"])
     assert info["config"]["model"]["d_model"] == cfg.model.d_model

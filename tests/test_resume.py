@@ -26,6 +26,7 @@ from mtrain.run.directory import (
     write_config,
 )
 from mtrain.training import update_step
+from mtrain.training.build import build_trainer
 from mtrain.training.trainer import NonFiniteLoss, Trainer, Validation
 from mtrain.training.validation import Validator
 
@@ -62,7 +63,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_d
     """With a moving average of the weights too: it is resumed, not restarted."""
     whole = tmp_path / "whole"
     whole.mkdir()
-    Trainer(
+    build_trainer(
         small_config(corpus, max_steps=30, eval_every=10, ema_decay=ema_decay),
         whole,
         torch.device("cpu"),
@@ -72,11 +73,11 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_d
     parts.mkdir()
     device = torch.device("cpu")
     # 400 pairs make about 8 batches: step 13 stops inside the second epoch.
-    Trainer(
+    build_trainer(
         small_config(corpus, max_steps=13, eval_every=10, ema_decay=ema_decay), parts, device
     ).run()
     assert torch.load(parts / "last.pt", weights_only=True)["batches_done"] > 0
-    resumed = Trainer(
+    resumed = build_trainer(
         small_config(corpus, max_steps=30, eval_every=10, ema_decay=ema_decay),
         parts,
         device,
@@ -107,7 +108,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, ema_d
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
-    trainer = Trainer(
+    trainer = build_trainer(
         small_config(corpus, max_steps=20, eval_every=5), tmp_path, torch.device("cpu")
     )
     real_loss = update_step.loss_fn
@@ -160,7 +161,7 @@ def test_resume_with_another_config_is_refused(corpus, tmp_path):
     run.mkdir()
     cfg = small_config(corpus, max_steps=5, eval_every=5)
     write_config(run, cfg)
-    Trainer(cfg, run, torch.device("cpu")).run()
+    build_trainer(cfg, run, torch.device("cpu")).run()
     settings = [*overrides(corpus, max_steps=5, eval_every=5), "model.d_model=32"]
     result = subprocess.run(
         mtrain_train(run, settings), cwd=REPO, capture_output=True, text=True, env=ENV
@@ -205,7 +206,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, monkeypatch):
     cfg = small_config(corpus, max_steps=10, eval_every=10, skip_nonfinite="true")
-    trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
+    trainer = build_trainer(cfg, tmp_path, torch.device("cpu"))
     real_loss = update_step.loss_fn
     calls = []
 
@@ -222,7 +223,7 @@ def test_non_finite_batches_can_be_skipped_and_are_counted(corpus, tmp_path, mon
 
 
 def test_out_of_memory_batch_is_reported_and_skipped(corpus, tmp_path, monkeypatch, caplog):
-    trainer = Trainer(
+    trainer = build_trainer(
         small_config(corpus, max_steps=6, eval_every=6), tmp_path, torch.device("cpu")
     )
     real_forward = trainer.model.forward
@@ -243,7 +244,7 @@ def test_out_of_memory_batch_is_reported_and_skipped(corpus, tmp_path, monkeypat
 
 def test_keeps_the_last_k_step_checkpoints(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=20, eval_every=5, keep_last=2)
-    Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    build_trainer(cfg, tmp_path, torch.device("cpu")).run()
     names = [p.name for p in step_checkpoints(tmp_path)]
     assert names == ["step-00000015.pt", "step-00000020.pt"]
     assert (tmp_path / "best.pt").exists() and (tmp_path / "last.pt").exists()
@@ -252,7 +253,7 @@ def test_keeps_the_last_k_step_checkpoints(corpus, tmp_path):
 def test_tokenizer_that_does_not_match_the_checkpoint_is_refused(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=5, eval_every=5)
     write_config(tmp_path, cfg)
-    Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    build_trainer(cfg, tmp_path, torch.device("cpu")).run()
     other = tmp_path / "other"
     other.mkdir()
     from mtrain.data.tokenizer import Tokenizer
@@ -348,7 +349,7 @@ def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
             check_resumable(tmp_path, cfg)  # the CLI lets a resumed run change its patience
         else:
             write_config(tmp_path, cfg)
-        return Trainer(cfg, tmp_path, torch.device("cpu"), resume=resume, make_validator=Flat)
+        return build_trainer(cfg, tmp_path, torch.device("cpu"), resume=resume, make_validator=Flat)
 
     first = trainer(patience=2)
     first.run()
@@ -368,14 +369,14 @@ def test_a_run_ended_by_patience_trains_on_when_patience_is_raised(
 
 def test_a_run_ended_by_max_steps_is_left_as_it_is_when_only_its_budget_is_raised(corpus, tmp_path):
     keys = {"max_steps": 6, "eval_every": 3, "keep_last": 2, "average_last": 2}
-    Trainer(small_config(corpus, max_minutes=30, **keys), tmp_path, torch.device("cpu")).run()
+    build_trainer(small_config(corpus, max_minutes=30, **keys), tmp_path, torch.device("cpu")).run()
 
     def files_of_the_run():
         return {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix in (".pt", ".jsonl")}
 
     files = files_of_the_run()
     more_minutes = small_config(corpus, max_minutes=60, **keys)
-    resumed = Trainer(more_minutes, tmp_path, torch.device("cpu"), resume=True)
+    resumed = build_trainer(more_minutes, tmp_path, torch.device("cpu"), resume=True)
     resumed.run()  # more minutes cannot outlast max_steps: nothing to average or log again
     assert resumed.step == 6
     assert files_of_the_run() == files
@@ -394,12 +395,12 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
                 raise RuntimeError("out of memory while decoding the dev set")
             return super().__call__(step)
 
-    trainer = Trainer(cfg, tmp_path, torch.device("cpu"), make_validator=FailingSecond)
+    trainer = build_trainer(cfg, tmp_path, torch.device("cpu"), make_validator=FailingSecond)
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.run()
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 10
     assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5]
-    resumed = Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+    resumed = build_trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
     assert resumed.step == 10
     resumed.run()
     assert [r["step"] for r in jsonl.read(tmp_path / "metrics.jsonl")] == [5, 10]
@@ -409,22 +410,22 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(corpus, tmp_path):
 def test_a_run_resumed_in_another_dtype_says_so(corpus, tmp_path, monkeypatch, caplog):
     cpu = torch.device("cpu")
     cfg = small_config(corpus, max_steps=10, eval_every=10, precision="fp32")
-    Trainer(cfg, tmp_path, cpu).run()
+    build_trainer(cfg, tmp_path, cpu).run()
     assert load_checkpoint(tmp_path / "last.pt")["dtype"] == "float32"
 
     caplog.set_level("WARNING")
-    Trainer(cfg, tmp_path, cpu, resume=True)  # the same dtype: no word of it
+    build_trainer(cfg, tmp_path, cpu, resume=True)  # the same dtype: no word of it
     assert "was trained in" not in caplog.text
     # On a machine where auto picks bf16:
     monkeypatch.setattr(runtime, "mixed_precision", lambda device, precision: torch.bfloat16)
-    Trainer(cfg, tmp_path, cpu, resume=True)
+    build_trainer(cfg, tmp_path, cpu, resume=True)
     assert "was trained in float32; the run goes on in bfloat16" in caplog.text
 
 
 def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=6, eval_every=3)
     write_config(tmp_path, cfg)
-    Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    build_trainer(cfg, tmp_path, torch.device("cpu")).run()
     state = load_checkpoint(tmp_path / "last.pt")
     # As written before torchrun, dtypes, validation marks and limits were recorded.
     (rng,) = state.pop("rng")
@@ -434,11 +435,11 @@ def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
     old["finished"] = {"reason": "train.max_steps is 6", "max_steps": 6, "max_minutes": math.inf}
     save_checkpoint(tmp_path / "last.pt", old)
 
-    again = Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
-    assert again.step == 6 and again.finished.limit == "max_steps"
+    again = build_trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+    assert again.step == 6 and again.progress.finished.limit == "max_steps"
     assert again.run() == state["best_bleu"]  # finished: nothing to do
     more = small_config(corpus, max_steps=9, eval_every=3)
-    resumed = Trainer(more, tmp_path, torch.device("cpu"), resume=True)
+    resumed = build_trainer(more, tmp_path, torch.device("cpu"), resume=True)
     assert torch.equal(torch.get_rng_state(), rng["torch"])
     resumed.run()
     upgraded = load_checkpoint(tmp_path / "last.pt")
@@ -447,8 +448,8 @@ def test_a_checkpoint_of_the_first_format_resumes(corpus, tmp_path):
 
 def test_a_checkpoint_of_a_newer_format_is_refused(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=3, eval_every=3)
-    Trainer(cfg, tmp_path, torch.device("cpu")).run()
+    build_trainer(cfg, tmp_path, torch.device("cpu")).run()
     state = load_checkpoint(tmp_path / "last.pt")
     save_checkpoint(tmp_path / "last.pt", {**state, "format": 99})
     with pytest.raises(CheckpointError, match="its format 99 is newer than this mtrain's"):
-        Trainer(cfg, tmp_path, torch.device("cpu"), resume=True)
+        build_trainer(cfg, tmp_path, torch.device("cpu"), resume=True)

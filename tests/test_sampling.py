@@ -21,8 +21,8 @@ from mtrain.data.subword_sampling import planned_lengths
 from mtrain.data.token_corpus import drop_final_punctuation
 from mtrain.data.tokenizer import EOS_ID, PAD_ID
 from mtrain.run.directory import load_checkpoint, write_config
+from mtrain.training.build import build_trainer
 from mtrain.training.data import TrainingData
-from mtrain.training.trainer import Trainer
 
 from .synthetic import REPO, overrides
 from .test_resume import stop_and_finish
@@ -151,12 +151,12 @@ def test_resume_with_sampling_equals_an_uninterrupted_run(corpus, tmp_path):
     for run in (whole, parts):
         run.mkdir()
     cfg = sampling_config(corpus, 0.3, *settings, max_steps=30, eval_every=10)
-    Trainer(cfg, whole, cpu).run()
+    build_trainer(cfg, whole, cpu).run()
     assert not sampling_threads()
     first = sampling_config(corpus, 0.3, *settings, max_steps=13, eval_every=10)
-    Trainer(first, parts, cpu).run()
+    build_trainer(first, parts, cpu).run()
     assert load_checkpoint(parts / "last.pt")["batches_done"] > 0  # within the second epoch
-    Trainer(cfg, parts, cpu, resume=True).run()
+    build_trainer(cfg, parts, cpu, resume=True).run()
     a, b = (load_checkpoint(run / "last.pt") for run in (whole, parts))
     assert a["step"] == b["step"] == 30
     assert (a["epoch"], a["batches_done"]) == (b["epoch"], b["batches_done"])

@@ -11,7 +11,7 @@ import torch
 
 from mtrain.core import jsonl
 from mtrain.run.directory import EXAMPLES, TENSORBOARD
-from mtrain.training.trainer import Trainer
+from mtrain.training.build import build_trainer
 
 from .synthetic import REPO, overrides, small_config
 
@@ -23,7 +23,7 @@ def events(corpus, tmp_path_factory):
     """The tiny config trained 20 updates with TensorBoard on, two validations and an average."""
     run = tmp_path_factory.mktemp("tensorboard")
     settings = dict(max_steps=20, eval_every=10, keep_last=2, average_last=2, tensorboard="true")
-    Trainer(small_config(corpus, **settings), run, torch.device("cpu")).run()
+    build_trainer(small_config(corpus, **settings), run, torch.device("cpu")).run()
     reader = event_accumulator.EventAccumulator(
         str(run / TENSORBOARD), size_guidance={event_accumulator.IMAGES: 0}
     )

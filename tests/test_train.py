@@ -12,6 +12,7 @@ from mtrain.data.pairs import Batch
 from mtrain.data.tokenizer import PAD_ID
 from mtrain.run.directory import AVERAGED, load_checkpoint, step_checkpoints, training_summary
 from mtrain.training import update_step
+from mtrain.training.build import build_trainer
 from mtrain.training.trainer import Interrupted, Trainer, Update, Validation
 from mtrain.training.validation import Validator
 
@@ -21,7 +22,7 @@ CPU = torch.device("cpu")
 
 
 def scripted(bleus) -> type[Validator]:
-    """A validator for `Trainer(make_validator=...)` whose dev BLEUs are `bleus`, in turn."""
+    """A validator for `build_trainer(make_validator=...)` whose dev BLEUs are `bleus`, in turn."""
     bleus = iter(bleus)
 
     class Scripted(Validator):
@@ -38,14 +39,14 @@ def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path
         settings = [*overrides(corpus, accumulate=accumulate, precision="fp32"), "model.dropout=0"]
         cfg = config.load(REPO / "configs" / "tiny.yaml", settings)
         (tmp_path / name).mkdir()
-        return Trainer(cfg, tmp_path / name, CPU)
+        return build_trainer(cfg, tmp_path / name, CPU)
 
     accumulating, whole = trainer("accumulate", 3), trainer("whole", 1)
     update = next(accumulating.data.updates(accumulating.group, 3))
     assert len(update.batches) == 3
     indices = np.array(_indices(accumulating, update.batches))
     loss_parts = accumulating.update_step(update)
-    loss_whole = whole.update_step(Update.of([whole.corpus.collate(indices)]))
+    loss_whole = whole.update_step(Update.of([whole.data.corpus.collate(indices)]))
     assert loss_parts == pytest.approx(loss_whole, rel=1e-5)
     for (name, a), b in zip(accumulating.model.named_parameters(), whole.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
@@ -60,7 +61,7 @@ def _indices(trainer: Trainer, batches: list[Batch]) -> list[int]:
             for src, tgt in zip(batch.src.tolist(), batch.tgt_out.tolist())
         ]
 
-    every = pairs(trainer.corpus.collate(np.arange(len(trainer.corpus))))
+    every = pairs(trainer.data.corpus.collate(np.arange(len(trainer.data.corpus))))
     position = {pair: i for i, pair in enumerate(every)}
     return [position[pair] for batch in batches for pair in pairs(batch)]
 
@@ -68,7 +69,7 @@ def _indices(trainer: Trainer, batches: list[Batch]) -> list[int]:
 def test_early_stopping_after_patience_validations_without_progress(corpus, tmp_path):
     cfg = small_config(corpus, max_steps=100, eval_every=5, patience=2)
     # Dev BLEU 5.0 at every validation: the first is the best, the next two are not better.
-    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
+    trainer = build_trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
     trainer.run()
     assert trainer.step == 15
 
@@ -79,7 +80,7 @@ def test_training_ends_by_averaging_the_last_checkpoints(
 ):
     cfg = small_config(corpus, max_steps=15, eval_every=5, keep_last=3, average_last=3)
     scores = [1.0, 2.0, 3.0, average_bleu]  # steps 5, 10, 15, then the average
-    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(scores))
+    trainer = build_trainer(cfg, tmp_path, CPU, make_validator=scripted(scores))
     trainer.run()
 
     averaged = load_checkpoint(tmp_path / AVERAGED)
@@ -109,7 +110,7 @@ def test_a_run_of_skipped_updates_still_heeds_ctrl_c_and_the_time_budget(
         corpus, max_steps=100, eval_every=eval_every, max_minutes=60, skip_nonfinite="true"
     )
     seconds = [0.0]  # the run's clock
-    trainer = Trainer(cfg, tmp_path, CPU, clock=lambda: seconds[0])
+    trainer = build_trainer(cfg, tmp_path, CPU, clock=lambda: seconds[0])
     real_loss = update_step.loss_fn
 
     def poisoned(logits, tgt_out, smoothing, reduction="mean"):
@@ -143,8 +144,8 @@ def test_patience_does_not_end_a_linear_schedule_before_its_planned_end(
     # Dev BLEU never improves after the first validation: patience 1 would stop at step 10.
     keys = {"max_steps": 20, "eval_every": 5, "warmup_steps": 2, "patience": 1}
     cfg = small_config(corpus, lr_schedule="linear", **keys)
-    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
     with caplog.at_level("INFO"):
+        trainer = build_trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
         trainer.run()
     assert trainer.step == 20
     assert caplog.text.count("train.patience is not used under train.lr_schedule: linear") == 1
@@ -163,7 +164,7 @@ def test_patience_does_not_end_a_linear_schedule_before_its_planned_end(
 def test_patience_still_ends_an_inverse_sqrt_schedule(corpus, tmp_path):
     keys = {"max_steps": 20, "eval_every": 5, "warmup_steps": 2, "patience": 1}
     cfg = small_config(corpus, lr_schedule="inverse_sqrt", **keys)
-    trainer = Trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
+    trainer = build_trainer(cfg, tmp_path, CPU, make_validator=scripted(itertools.repeat(5.0)))
     trainer.run()
     assert trainer.step == 10
     assert load_checkpoint(tmp_path / "last.pt")["finished"]["limit"] == "patience"

@@ -117,19 +117,14 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
     """Train into `run_dir` as this process of `group`; return the best dev BLEU. Each way a
     run stops early becomes one line, but for a bug, which keeps its traceback."""
     from mtrain.core import distributed
-    from mtrain.training.trainer import (
-        Interrupted,
-        NonFiniteLoss,
-        OutOfMemory,
-        RunFileError,
-        Trainer,
-    )
+    from mtrain.training.build import build_trainer
+    from mtrain.training.trainer import Interrupted, NonFiniteLoss, OutOfMemory, RunFileError
 
     try:
         # Rank 0 alone owns the run directory; the others get what they need from it.
         with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
             resume = group.is_main and open_run(run_dir, cfg)
-            trainer = Trainer(cfg, run_dir, device, resume, group)
+            trainer = build_trainer(cfg, run_dir, device, resume, group)
             if group.is_main:
                 chosen = trainer.choice and trainer.choice.to_dict()
                 write_config(run_dir, cfg, chosen)  # once the run is known to be resumable

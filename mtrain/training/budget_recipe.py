@@ -12,10 +12,15 @@ keep it, and the run's config.yaml records it in its `chosen` section for people
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mtrain.core.config import Config
+from mtrain.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,3 +58,33 @@ class Choice:
             f"({limit}): dropout {self.dropout:g} (train.short_run_dropout) instead of "
             f"{cfg.model.dropout:g} (model.dropout)"
         )
+
+
+class BudgetRecipe:
+    """Makes a run's choice once its end is first planned: sets the model's dropout, says so,
+    and hands the choice to `record` (rank 0 writes it into the run's config.yaml)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        model: Transformer,
+        record: Callable[[Choice], None] | None = None,
+    ):
+        self.cfg, self.model, self.record = cfg, model, record
+
+    def keep(self, choice: Choice | None) -> None:
+        """Train on as a resumed run chose (None: it had not chosen yet)."""
+        if choice:
+            self.model.set_dropout(choice.dropout)
+
+    def choose(self, planned_updates: int | None) -> Choice | None:
+        """The choice for a run whose end is now planned at `planned_updates`; None while it is
+        not planned or the config plans no choice. Every rank plans alike, so chooses alike."""
+        if planned_updates is None or not self.cfg.train.short_run_updates:
+            return None
+        choice = Choice.of(self.cfg, planned_updates)
+        self.model.set_dropout(choice.dropout)
+        if self.record:
+            log.info("%s", choice.describe(self.cfg))
+            self.record(choice)
+        return choice

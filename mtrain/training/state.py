@@ -9,9 +9,12 @@ whether a run resumes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +96,18 @@ class Progress:
     validated: bool = True  # whether dev scores were taken at this step
 
 
+class RunClock:
+    """Minutes of training, those before a resume included."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        """`clock` counts seconds (tests replace it); the run's time starts now."""
+        self.clock, self.start = clock, clock()
+        self.before = 0.0  # minutes spent before a resume
+
+    def minutes(self) -> float:
+        return self.before + (self.clock() - self.start) / 60
+
+
 @dataclass
 class TrainingState:
     """The parts of a run whose states a checkpoint holds: the model, its optimiser and
@@ -116,6 +131,11 @@ class TrainingState:
         if self.average is None:
             return {"model": self.model.state_dict()}
         return {"model": self.average.state_dict(), "trained_model": self.model.state_dict()}
+
+    def offered_weights(self) -> contextlib.AbstractContextManager:
+        """Within this block the model holds the weights a checkpoint offers: the moving
+        average's, where the run keeps one."""
+        return self.average.applied() if self.average else contextlib.nullcontext()
 
     def state_dict(self, progress: Progress, rng: list[dict]) -> dict[str, Any]:
         """A checkpoint of the run at `progress`; `rng` holds every rank's random generators."""
