@@ -143,8 +143,104 @@ class Pace:
         return int(min(most, seconds / rate))
 
 
+def _size(job: Job | Solo) -> int:
+    """Sentences a job holds: a solo job counts as one."""
+    return len(job.sentences) if isinstance(job, Job) else 1
+
+
+def _jobs(batch: list[tuple[Job, int]]) -> list[Job]:
+    """The jobs a batch takes sentences from, in their order."""
+    return list(dict.fromkeys(job for job, _ in batch))
+
+
+class TurnQueue:
+    """The jobs waiting, in turn, and the sentences each batch takes from them. Not locked:
+    the `Batcher` calls it holding its lock."""
+
+    def __init__(self, policy: Policy, pace: Pace):
+        self.policy, self.pace = policy, pace
+        self.pending: deque[Job | Solo] = deque()
+        self.waiting = 0  # sentences queued and not taken yet
+        self.decoded = 0  # sentences handed to `translate` so far
+
+    def add(self, job: Job | Solo) -> None:
+        """Queue a job at the back; QueueFull if its sentences do not fit."""
+        size = _size(job)
+        if self.waiting and self.waiting + size > self.policy.max_queue:
+            raise QueueFull
+        self.pending.append(job)
+        self.waiting += size
+
+    def drop(self, job: Job | Solo) -> None:
+        """Take a job out of the queue and mark it over."""
+        if job in self.pending:
+            self.pending.remove(job)
+            self.waiting -= _size(job) - job.taken
+        if isinstance(job, Job):
+            job.left = -1
+
+    def clear(self) -> list[Job | Solo]:
+        """Empty the queue; return what it held."""
+        dropped = list(self.pending)
+        self.pending.clear()
+        self.waiting = 0
+        return dropped
+
+    def take_solo(self) -> Solo:
+        """Take the solo job at the head of the queue."""
+        solo = self.pending.popleft()
+        assert isinstance(solo, Solo)
+        self.waiting -= 1
+        solo.taken = 1
+        return solo
+
+    def budget(self, head: Job) -> int:
+        """Source tokens in head's batch: the policy's, shared by the beams, as the translator
+        shares them, and no more than it decodes in `batch_seconds` at its pace so far."""
+        tokens = self.policy.batch_tokens // head.options.beam
+        # Always, not only while others wait: a light request mostly comes while a batch runs.
+        return max(self.pace.tokens_within(head.options, self.policy.batch_seconds, tokens), 1)
+
+    def company(self, head: Job) -> list[Job]:
+        """The queued jobs that may share head's batch: head first."""
+        if not self.policy.batching:
+            return [head]
+        return [j for j in self.pending if isinstance(j, Job) and j.options == head.options]
+
+    def tokens(self, head: Job) -> int:
+        """Source tokens not taken yet of the jobs that may share head's batch."""
+        return sum(sum(j.tokens[j.taken :]) for j in self.company(head))
+
+    def take(self, head: Job) -> list[tuple[Job, int]]:
+        """Sentences for one batch, one per job in turn, within the token budget (at least one).
+
+        The jobs taken from go to the back of the queue: requests take turns, whatever their
+        options.
+        """
+        jobs, batch, tokens, budget = self.company(head), [], 0, self.budget(head)
+        while jobs:
+            for job in list(jobs):
+                cost = job.tokens[job.taken]
+                if batch and tokens + cost > budget:
+                    jobs = []
+                    break
+                batch.append((job, job.taken))
+                tokens += cost
+                job.taken += 1
+                if job.taken == len(job.sentences):
+                    jobs.remove(job)
+        for job in _jobs(batch):
+            self.pending.remove(job)
+            if job.taken < len(job.sentences):
+                self.pending.append(job)
+        self.waiting -= len(batch)
+        self.decoded += len(batch)
+        return batch
+
+
 class Batcher:
-    """A bounded queue of requests and the one thread that decodes them in batches."""
+    """A bounded queue of requests (`TurnQueue`, under this lock) and the one thread that
+    decodes them in batches."""
 
     def __init__(
         self, translate: Translate, policy: Policy, clock: Callable[[], float] = time.monotonic
@@ -152,11 +248,9 @@ class Batcher:
         self.translate, self.policy = translate, policy
         self.clock = clock  # times the batches for `pace`
         self.pace = Pace()
-        self.pending: deque[Job | Solo] = deque()
-        self.waiting = 0  # sentences queued and not taken yet
+        self.queue = TurnQueue(policy, self.pace)
         self.closed = False
         self.batches = 0  # calls of `translate` so far
-        self.decoded = 0  # sentences handed to `translate` so far
         self.free_since = 0.0  # when the worker last handed back a batch's answers
         self.answered = 0  # requests that batch answered in full
         self.returned = 0  # requests queued since: the company expected is `answered`
@@ -170,19 +264,23 @@ class Batcher:
     def alive(self) -> bool:
         return self.thread.is_alive()
 
+    @property
+    def waiting(self) -> int:  # sentences queued and not taken yet
+        return self.queue.waiting
+
+    @property
+    def decoded(self) -> int:  # sentences handed to `translate` so far
+        return self.queue.decoded
+
     def submit(self, job: Job | Solo) -> None:
         """Queue a job; its `done` is called on the worker thread. QueueFull, Closed,
         WorkerDown if not."""
-        size = len(job.sentences) if isinstance(job, Job) else 1
         with self.cond:
             if self.closed:
                 raise Closed
             if not self.alive:
                 raise WorkerDown(self.stopped or "the worker thread has stopped")
-            if self.waiting and self.waiting + size > self.policy.max_queue:
-                raise QueueFull
-            self.pending.append(job)
-            self.waiting += size
+            self.queue.add(job)
             self.returned += isinstance(job, Job)
             self.cond.notify()
 
@@ -190,21 +288,13 @@ class Batcher:
         """Forget a job whose answer nobody waits for: what it has not handed over yet is
         never decoded, and its `done` is not called."""
         with self.cond:
-            self._drop(job)
-
-    def _drop(self, job: Job | Solo) -> None:
-        """Take a job out of the queue and mark it over (holding the lock)."""
-        if job in self.pending:
-            self.pending.remove(job)
-            self.waiting -= (len(job.sentences) if isinstance(job, Job) else 1) - job.taken
-        if isinstance(job, Job):
-            job.left = -1
+            self.queue.drop(job)
 
     def close(self) -> None:
         """Refuse new work, fail what is still queued, let the batch in hand finish."""
         with self.cond:
             self.closed = True
-            dropped, self.pending, self.waiting = list(self.pending), deque(), 0
+            dropped = self.queue.clear()
             self.cond.notify()
         for job in dropped:
             self._settle(job.done, Closed())
@@ -230,8 +320,7 @@ class Batcher:
             self.stopped = f"the worker thread stopped: {type(e).__name__}: {e}"
             log.error("mtrain serve: %s", self.stopped)
             with self.cond:
-                dropped = list(dict.fromkeys([*self.in_hand, *self.pending]))
-                self.pending, self.waiting = deque(), 0
+                dropped = list(dict.fromkeys([*self.in_hand, *self.queue.clear()]))
             for job in dropped:
                 self._settle(job.done, WorkerDown(self.stopped))
 
@@ -240,7 +329,7 @@ class Batcher:
         with self.cond:
             failed = [j for j in self.in_hand if not (isinstance(j, Job) and j.left < 0)]
             for job in failed:
-                self._drop(job)
+                self.queue.drop(job)
             self.in_hand = []
         self._answer([(job, error) for job in failed])
 
@@ -262,25 +351,25 @@ class Batcher:
 
     def _next(self) -> Solo | tuple[SearchOptions, list[tuple[Job, int]]] | None:
         """The next work: a solo job, or a batch of (job, sentence index); None once closed."""
+        pending = self.queue.pending
         with self.cond:
             while True:
-                while not self.pending and not self.closed:
+                while not pending and not self.closed:
                     self.cond.wait()
                 if self.closed:
                     return None
-                head = self.pending[0]
+                head = pending[0]
                 self.in_hand = [head]
                 if isinstance(head, Solo):
-                    self.pending.popleft()
-                    self.waiting -= 1
-                    head.taken = 1
-                    return head
+                    return self.queue.take_solo()
                 if self.policy.batching:
                     self._wait_for_company(head)
                     if self.closed:
                         return None
-                if head in self.pending:  # else it was cancelled while it waited: start again
-                    return head.options, self._take(head)
+                if head in pending:  # else it was cancelled while it waited: start again
+                    batch = self.queue.take(head)
+                    self.in_hand = _jobs(batch)
+                    return head.options, batch
 
     def _wait_for_company(self, head: Job) -> None:
         """Wait (holding the lock) for the clients the last batch answered, up to max_wait."""
@@ -288,57 +377,13 @@ class Batcher:
         while (
             not self.closed
             and self.returned < self.answered
-            and head in self.pending
-            and self._tokens(head) < self._budget(head)
+            and head in self.queue.pending
+            and self.queue.tokens(head) < self.queue.budget(head)
         ):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             self.cond.wait(left)
-
-    def _budget(self, head: Job) -> int:
-        """Source tokens in head's batch: the policy's, shared by the beams, as the translator
-        shares them, and no more than it decodes in `batch_seconds` at its pace so far."""
-        tokens = self.policy.batch_tokens // head.options.beam
-        # Always, not only while others wait: a light request mostly comes while a batch runs.
-        return max(self.pace.tokens_within(head.options, self.policy.batch_seconds, tokens), 1)
-
-    def _company(self, head: Job) -> list[Job]:
-        """The queued jobs that may share head's batch: head first."""
-        if not self.policy.batching:
-            return [head]
-        return [j for j in self.pending if isinstance(j, Job) and j.options == head.options]
-
-    def _tokens(self, head: Job) -> int:
-        """Source tokens not taken yet of the jobs that may share head's batch."""
-        return sum(sum(j.tokens[j.taken :]) for j in self._company(head))
-
-    def _take(self, head: Job) -> list[tuple[Job, int]]:
-        """Sentences for one batch, one per job in turn, within the token budget (at least one).
-
-        The jobs taken from go to the back of the queue: requests take turns, whatever their
-        options.
-        """
-        jobs, batch, tokens, budget = self._company(head), [], 0, self._budget(head)
-        while jobs:
-            for job in list(jobs):
-                cost = job.tokens[job.taken]
-                if batch and tokens + cost > budget:
-                    jobs = []
-                    break
-                batch.append((job, job.taken))
-                tokens += cost
-                job.taken += 1
-                if job.taken == len(job.sentences):
-                    jobs.remove(job)
-        self.in_hand = list(dict.fromkeys(job for job, _ in batch))
-        for job in self.in_hand:
-            self.pending.remove(job)
-            if job.taken < len(job.sentences):
-                self.pending.append(job)
-        self.waiting -= len(batch)
-        self.decoded += len(batch)
-        return batch
 
     def _run(self, options: SearchOptions, batch: list[tuple[Job, int]]) -> None:
         start = self.clock()
