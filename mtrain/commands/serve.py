@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import socket
 import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any
@@ -201,16 +203,44 @@ def serve(
     from mtrain.serve.service import Service
 
     setup_logging()
-    limits = Limits()
+    policy = serve_policy(batching, wait_ms / 1000, queue, deadline, batch_seconds)
+    token = read_token(token_file)
+    allow_origin = allow_origin and check_origin(allow_origin)
+    sock, connections = listen(host, port, max_connections)
+    net = Net(connections, read_timeout, grace=grace)
+    run_dir, cfg, translator, watcher, step = load_served(
+        engine, Decoding(run, device, quantize, which)
+    )
+    policy = dataclasses.replace(policy, batch_tokens=cfg.decode.batch_tokens)
+    service = Service(translator, run_dir, engine.value, which, step)
+    address = server.browsable_url(sock)
+    bound, port = sock.getsockname()[:2]
+    access = Access.bound_to(bound, port, token=token, allow_origin=allow_origin)
+    if access.hosts is None:
+        warn_open(bound, port, token)
+    how = "batching" if batching else "no batching"
+    serving = "mtrain: serving %s (%s, %s) on %s  (Ctrl-C stops)"
+    ready = functools.partial(log.info, serving, run_dir, engine.value, how, address)
+    server.run(wrap(build(service, policy, Limits(), ready, watcher), access), sock, net)
+
+
+def serve_policy(
+    batching: bool, wait: float, queue: int, deadline: float, batch_seconds: float
+) -> Policy:
+    """The batching policy of the options (the run's decode.batch_tokens comes later)."""
     try:  # NaN passes the options' ranges, not the policy's
-        policy = Policy(
-            batching, wait_ms / 1000, Policy.batch_tokens, queue, deadline, batch_seconds
+        return Policy(
+            batching, wait, max_queue=queue, deadline=deadline, batch_seconds=batch_seconds
         )
     except PolicyError as e:
         fail(f"a serve option out of range: {e}")
-    token = read_token(token_file)
-    if allow_origin is not None:
-        allow_origin = check_origin(allow_origin)
+
+
+def listen(host: str, port: int, max_connections: int | None) -> tuple[socket.socket, int]:
+    """The socket bound to `host`:`port`, before the model loads (a port in use is known at
+    once), and the open connections allowed: --max-connections, within the descriptors."""
+    from mtrain.serve import server
+
     descriptors = server.raise_descriptor_limit()
     cap = connection_cap(descriptors)
     if cap == 0 or (max_connections or 0) > cap:
@@ -218,41 +248,36 @@ def serve(
             f"--max-connections {max_connections or cap}: at most {cap} under the limit of "
             f"{descriptors} open files (ulimit -n), which keeps {RESERVED_DESCRIPTORS}"
         )
-    net = Net(max_connections or cap, read_timeout, grace=grace)
-    try:  # before the model loads: a port in use is known at once
+    try:
         sock = server.bind(host, port)
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
         fail(f"cannot listen on {host} port {port}: {reason}")
-    if engine is Engine.mtrain:  # a run still training: wait for its first best.pt
-        from mtrain.serve.reload import ModelWatcher, wait_for_checkpoint
+    return sock, max_connections or cap
 
-        run = resolve_run(run)
-        wait_for_checkpoint(resolve(run, which), run)
-        before = stamp(resolve(run, which))
-    run_dir, cfg, translator = load_engine(engine, Decoding(run, device, quantize, which))
-    watcher, step = None, None
-    if engine is Engine.mtrain:
-        int8 = quantize is Quantize.int8
-        watcher, step = ModelWatcher.after_load(run_dir / which, translator, int8, before)
-    policy = dataclasses.replace(policy, batch_tokens=cfg.decode.batch_tokens)
-    service = Service(translator, run_dir, engine.value, which, step)
-    address = server.browsable_url(sock)
-    bound, port = sock.getsockname()[:2]
-    access = Access.bound_to(bound, port, token=token, allow_origin=allow_origin)
-    if access.hosts is None:
-        who = (
-            "requests need the token"
-            if token
-            else f"there is no token: anyone who can reach port {port} can use the API "
-            f"(--token-file FILE or ${TOKEN_ENV} sets one)"
-        )
-        log.warning("mtrain: warning: listening on %s, not loopback; %s", bound, who)
 
-    def ready() -> None:
-        how = "batching" if batching else "no batching"
-        log.info(
-            "mtrain: serving %s (%s, %s) on %s  (Ctrl-C stops)", run_dir, engine.value, how, address
-        )
+def load_served(engine: Engine, decoding: Decoding) -> tuple:
+    """The run directory, config and translator to serve, and (engine mtrain) the watcher
+    that reloads a checkpoint that changes and the step it holds."""
+    if engine is not Engine.mtrain:
+        return *load_engine(engine, decoding), None, None
+    from mtrain.serve.reload import ModelWatcher, wait_for_checkpoint
 
-    server.run(wrap(build(service, policy, limits, ready, watcher), access), sock, net)
+    run, which = resolve_run(decoding.run), decoding.checkpoint
+    wait_for_checkpoint(resolve(run, which), run)  # a run still training: its first best.pt
+    before = stamp(resolve(run, which))
+    run_dir, cfg, translator = load_engine(engine, dataclasses.replace(decoding, run=run))
+    int8 = decoding.quantize is Quantize.int8
+    watcher, step = ModelWatcher.after_load(run_dir / which, translator, int8, before)
+    return run_dir, cfg, translator, watcher, step
+
+
+def warn_open(bound: str, port: int, token: str | None) -> None:
+    """Warn that the server listens beyond loopback, and who can use it."""
+    who = (
+        "requests need the token"
+        if token
+        else f"there is no token: anyone who can reach port {port} can use the API "
+        f"(--token-file FILE or ${TOKEN_ENV} sets one)"
+    )
+    log.warning("mtrain: warning: listening on %s, not loopback; %s", bound, who)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtrain.core.config import DecodeConfig
 from mtrain.serve.api import Limits, SearchOptions
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ class Policy:
 
     batching: bool = True  # False: each request decoded on its own
     max_wait: float = _bounded(0.02, 0.0, 60.0)  # seconds a batch waits for company (see the top)
-    batch_tokens: int = _bounded(4000, 1, 1 << 20)  # source tokens in one call of the translator
+    # source tokens in one call of the translator: the run's decode.batch_tokens
+    batch_tokens: int = _bounded(DecodeConfig.batch_tokens, 1, 1 << 20)
     # sentences waiting, beyond which requests are refused; one request must fit
     max_queue: int = _bounded(1024, Limits.max_sentences, 1 << 20)
     deadline: float = _bounded(300.0, 1.0, 86400.0)  # seconds a request waits for its answer
