@@ -211,6 +211,31 @@ def _next_beam(alive: list[Candidate], k: int) -> list[Candidate]:
     return alive + [Candidate(0, PAD_ID, float("-inf"), "alive")] * (k - len(alive))
 
 
+def _sort(
+    rows: list[int],
+    ranked: Iterable,
+    at_limit: list[bool],
+    tokens: torch.Tensor,
+    k: int,
+    penalty: float,
+    finished: list[list[Hypothesis]],
+) -> tuple[list, list[int], list, list[int]]:
+    """One step's fates of each sentence's ranked candidates, its finished hypotheses added to
+    `finished`; and for what goes on: the sentences going (their place in `rows`), their next
+    beams, and the row of `tokens` (b * w, t) each of those extends."""
+    width = tokens.size(0) // len(rows)
+    fates, going, beams, extends = [], [], [], []
+    for i, (sentence, row_ranked) in enumerate(zip(rows, ranked)):
+        fates.append(_fates(zip(*row_ranked), k, at_limit[i], penalty))
+        finished[sentence] += _finished(fates[i], tokens[i * width : (i + 1) * width])
+        if not (at_limit[i] or len(finished[sentence]) >= k):
+            beam = _next_beam([c for c in fates[i] if c.fate == "alive"], k)
+            going.append(i)
+            beams += beam
+            extends += [i * width + c.origin for c in beam]
+    return fates, going, beams, extends
+
+
 @torch.inference_mode()
 def beam_search(
     model: Transformer,
@@ -251,16 +276,9 @@ def beam_search(
         candidates = (scores.view(-1, 1) + log_probs).view(len(rows), width * vocab)
         top, ids = candidates.topk(min(2 * k, width * vocab), dim=1)  # (b, 2k)
         ranked = zip(top.tolist(), (ids // vocab).tolist(), (ids % vocab).tolist())
-        fates, going, beams, extends = [], [], [], []  # the last three: for what goes on
-        for i, (sentence, row_ranked) in enumerate(zip(rows, ranked)):
-            at_limit = step >= limits[sentence]
-            fates.append(_fates(zip(*row_ranked), k, at_limit, log_length_penalty(step, alpha)))
-            finished[sentence] += _finished(fates[i], tokens[i * width : (i + 1) * width])
-            if not (at_limit or len(finished[sentence]) >= k):
-                beam = _next_beam([c for c in fates[i] if c.fate == "alive"], k)
-                going.append(i)
-                beams += beam
-                extends += [i * width + c.origin for c in beam]
+        penalty = log_length_penalty(step, alpha)
+        ends = [step >= limits[sentence] for sentence in rows]
+        fates, going, beams, extends = _sort(rows, ranked, ends, tokens, k, penalty, finished)
         # (b' * k,) the row each next hypothesis extends, for the b' sentences going on
         select = torch.tensor(extends, device=device) if going else None
         if observe is not None:
