@@ -30,7 +30,7 @@ from mtrain.data.corpus import (
     read_pairs,
     usable,
 )
-from mtrain.data.prepared import compact, token_dtype, token_file, write_lengths
+from mtrain.data.prepared import LENGTH_DTYPE, compact, token_dtype, token_file, write_lengths
 from mtrain.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def encode_corpus(
     )
     del sample
     trained = time.monotonic()
-    vocab = {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
+    vocab = tokenizer.vocab_sizes()
     dtype = token_dtype(vocab)
     settings = encode_worker.Settings(
         *tokenizer.protos(),
@@ -228,7 +228,7 @@ def _encode(
             files[chunk.corpus].pairs += len(chunk.hashes)
             bar.update(chunk.lines)
     if not lengths:
-        return np.zeros((0, 2), np.uint16), np.zeros(0, np.uint64), counts, files
+        return np.zeros((0, 2), LENGTH_DTYPE), np.zeros(0, np.uint64), counts, files
     return np.concatenate(lengths), np.concatenate(hashes), counts, files
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import sentencepiece as spm
 
 from mtrain.data.corpus import BadLine, read_line, usable
+from mtrain.data.prepared import LENGTH_DTYPE
 from mtrain.data.tokenizer import EOS_ID, too_long
 
 
@@ -107,8 +108,8 @@ def encode(chunk: Chunk) -> Encoded:
     return Encoded(
         src=np.fromiter((i for s_ids, _ in kept for i in (*s_ids, EOS_ID)), s.dtype),
         tgt=np.fromiter((i for _, t_ids in kept for i in t_ids), s.dtype),
-        src_len=np.array([len(s_ids) + 1 for s_ids, _ in kept], np.uint16),
-        tgt_len=np.array([len(t_ids) for _, t_ids in kept], np.uint16),
+        src_len=np.array([len(s_ids) + 1 for s_ids, _ in kept], LENGTH_DTYPE),
+        tgt_len=np.array([len(t_ids) for _, t_ids in kept], LENGTH_DTYPE),
         hashes=np.array(hashes, np.uint64),
         corpus=chunk.corpus,
         lines=len(chunk.lines),

@@ -24,8 +24,22 @@ from mtrain.data.corpus import DataError, fingerprint
 FORMAT = 1  # of the prepared directory; a change makes every prepared corpus stale
 MANIFEST = "manifest.json"
 SIDES = ("src", "tgt")
+LENGTH_DTYPE = np.dtype(np.uint16)  # of each pair's length, a side's tokens
+OFFSET_DTYPE = np.dtype(np.int64)  # of where each pair starts in its token file
+
+
+def lengths_name(side: str) -> str:
+    """The file of one side's pair lengths."""
+    return f"{side}_len.npy"
+
+
+def offsets_name(side: str) -> str:
+    """The file of where each of one side's pairs starts in its token file."""
+    return f"{side}_offsets.npy"
+
+
 TOKEN_FILES = tuple(
-    f"{side}{suffix}" for side in SIDES for suffix in (".bin", "_len.npy", "_offsets.npy")
+    name for side in SIDES for name in (f"{side}.bin", lengths_name(side), offsets_name(side))
 )
 UINT16_IDS = 1 << 16  # vocabularies up to this size store their ids as uint16, larger as int32
 # Every key a manifest of this format holds, and its type; "vocab" and "files" are optional
@@ -113,8 +127,7 @@ def vocab_sizes(directory: Path, manifest: dict) -> dict[str, int]:
         return manifest["vocab"]
     from mtrain.data.tokenizer import Tokenizer  # light: SentencePiece, no torch
 
-    tokenizer = Tokenizer.load(directory)
-    return {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}
+    return Tokenizer.load(directory).vocab_sizes()
 
 
 def identity(manifest: dict) -> dict:
@@ -176,10 +189,10 @@ def write_lengths(out: Path, lengths: np.ndarray) -> dict[str, str]:
     """Each side's lengths and offsets into its token file, then every file made durable;
     return the token files' SHA-256 by name, which `mtrain prepare` verifies."""
     for side, column in (("src", 0), ("tgt", 1)):
-        np.save(out / f"{side}_len.npy", lengths[:, column].astype(np.uint16))
-        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.save(out / lengths_name(side), lengths[:, column].astype(LENGTH_DTYPE))
+        offsets = np.zeros(len(lengths) + 1, OFFSET_DTYPE)
         np.cumsum(lengths[:, column], out=offsets[1:])
-        np.save(out / f"{side}_offsets.npy", offsets)
+        np.save(out / offsets_name(side), offsets)
     checksums = {}
     for name in TOKEN_FILES:
         with (out / name).open("rb+") as f:
@@ -223,36 +236,48 @@ def load_array(directory: Path, name: str, mmap: bool = False) -> np.ndarray:
         ) from None
 
 
+def load_lengths(directory: Path, side: str, mmap: bool = False) -> np.ndarray:
+    """(N,) one side's pair lengths (the source's with </s>)."""
+    return load_array(directory, lengths_name(side), mmap=mmap)
+
+
+def load_offsets(directory: Path, side: str) -> np.ndarray:
+    """(N + 1,) where each of one side's pairs starts, mapped; DamagedCorpus unless int64."""
+    offsets = load_array(directory, offsets_name(side), mmap=True)
+    if offsets.dtype != OFFSET_DTYPE:
+        why = f"{offsets_name(side)} holds {offsets.dtype}, not {OFFSET_DTYPE} offsets"
+        raise DamagedCorpus(directory, why)
+    return offsets
+
+
 def _check_files(directory: Path, manifest: dict, lengths: dict) -> None:
     dtype = np.dtype(manifest["dtype"])
     n = manifest["pairs"]
     for side in SIDES:
         length = lengths.get(side)
         if length is None:
-            length = load_array(directory, f"{side}_len.npy", mmap=True)
-        if length.shape != (n,) or length.dtype != np.uint16:
-            raise DamagedCorpus(
-                directory, f"{side}_len.npy holds {length.shape} {length.dtype}, not ({n},) uint16"
-            )
+            length = load_lengths(directory, side, mmap=True)
+        if length.shape != (n,) or length.dtype != LENGTH_DTYPE:
+            held = f"{length.shape} {length.dtype}, not ({n},) {LENGTH_DTYPE}"
+            raise DamagedCorpus(directory, f"{lengths_name(side)} holds {held}")
         tokens = manifest["tokens"][side]
         if int(length.sum(dtype=np.int64)) != tokens:
-            raise DamagedCorpus(directory, f"{side}_len.npy does not sum to {tokens} tokens")
+            raise DamagedCorpus(directory, f"{lengths_name(side)} does not sum to {tokens} tokens")
         size = token_file(directory, side).stat().st_size
         if size != tokens * dtype.itemsize:
             expected = tokens * dtype.itemsize
             raise DamagedCorpus(directory, f"{side}.bin has {size} bytes, not {expected}")
-        offsets = load_array(directory, f"{side}_offsets.npy", mmap=True)
-        if offsets.shape != (n + 1,) or offsets.dtype != np.int64:
-            raise DamagedCorpus(
-                directory, f"{side}_offsets.npy holds {offsets.shape} {offsets.dtype}"
-            )
+        offsets = load_offsets(directory, side)
+        if offsets.shape != (n + 1,):
+            raise DamagedCorpus(directory, f"{offsets_name(side)} holds {offsets.shape} offsets")
         # A slice at a time: the whole of a large corpus's offsets would stay resident.
         start, step = 0, 1 << 20
         for first in range(0, n + 1, step):
             part = np.asarray(offsets[first : first + step])  # offsets[first] is `start`
             ends = np.cumsum(length[first : first + len(part) - 1], dtype=np.int64) + start
             if part[0] != start or not np.array_equal(part[1:], ends):
-                raise DamagedCorpus(directory, f"{side}_offsets.npy disagrees with {side}_len.npy")
+                why = f"{offsets_name(side)} disagrees with {lengths_name(side)}"
+                raise DamagedCorpus(directory, why)
             start = int(ends[-1]) if len(ends) else start
             if first + len(part) - 1 < n:  # the next slice starts after this one's last pair
                 start += int(length[first + len(part) - 1])

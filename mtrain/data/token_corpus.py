@@ -17,7 +17,9 @@ from mtrain.data.pairs import Batch
 from mtrain.data.prepared import (
     DamagedCorpus,
     check_prepared,
-    load_array,
+    load_lengths,
+    load_offsets,
+    offsets_name,
     read_manifest,
     token_file,
     vocab_sizes,
@@ -33,8 +35,8 @@ class TokenCorpus:
         self.directory = directory
         self.manifest = read_manifest(directory)
         dtype = np.dtype(self.manifest["dtype"])
-        self.src_len = load_array(directory, "src_len.npy")  # (N,) </s> included
-        self.tgt_len = load_array(directory, "tgt_len.npy")  # (N,) pieces only
+        self.src_len = load_lengths(directory, "src")  # (N,) </s> included
+        self.tgt_len = load_lengths(directory, "tgt")  # (N,) pieces only
         check_prepared(directory, self.manifest, {"src": self.src_len, "tgt": self.tgt_len})
         vocab = vocab_sizes(directory, self.manifest)
         self.src = TokenFile(directory, "src", dtype, vocab.get("src"))
@@ -64,13 +66,10 @@ class TokenFile:
         """`vocab`: the side's vocabulary size, which every id read must be below (None: the
         ids are not checked, for a corpus prepared before manifests recorded it)."""
         self.directory, self.side, self.dtype, self.vocab = directory, side, dtype, vocab
-        offsets = load_array(directory, f"{side}_offsets.npy", mmap=True)
-        if offsets.dtype != np.int64:
-            reason = f"{side}_offsets.npy holds {offsets.dtype}, not int64 offsets"
-            raise DamagedCorpus(directory, reason)
+        offsets = load_offsets(directory, side)
         self.header = offsets.offset  # bytes before the first offset
         del offsets
-        self.offsets = os.open(directory / f"{side}_offsets.npy", os.O_RDONLY)
+        self.offsets = os.open(directory / offsets_name(side), os.O_RDONLY)
         self.tokens = os.open(token_file(directory, side), os.O_RDONLY)
         weakref.finalize(self, _close, self.offsets, self.tokens)
 
@@ -92,7 +91,11 @@ class TokenFile:
         """`size` bytes at `offset`: a file cut short since it was opened is damage, not zeros."""
         data = os.pread(fd, size, offset)
         if len(data) != size:
-            name = f"{self.side}_offsets.npy" if fd == self.offsets else f"{self.side}.bin"
+            name = (
+                offsets_name(self.side)
+                if fd == self.offsets
+                else token_file(self.directory, self.side).name
+            )
             raise DamagedCorpus(self.directory, f"{name} ends before byte {offset + size}")
         return data
 

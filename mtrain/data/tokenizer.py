@@ -155,6 +155,10 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         return self.tgt.get_piece_size()
 
+    def vocab_sizes(self) -> dict[str, int]:
+        """Each side's vocabulary size, by side: as manifests and /model record them."""
+        return {"src": self.src_vocab_size, "tgt": self.tgt_vocab_size}
+
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         return self.src.encode(texts, out_type=int)
 

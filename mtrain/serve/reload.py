@@ -19,12 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from mtrain.core import runtime
 from mtrain.core.files import LOCK_FILE, Stamp, is_running, stamp
 from mtrain.decoding.translator import Translator
-from mtrain.run.directory import CheckpointError, load_model
+from mtrain.run.directory import CheckpointError, load_model, peek_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +41,9 @@ class Loaded:
 def saved_step(path: Path) -> int | None:
     """The step a checkpoint was saved at, its tensors not read; None if it cannot be told."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # absent or damaged: the watcher loads it again (or says why) later
+        return peek_checkpoint(path)["step"]
+    except CheckpointError:  # absent or damaged: the watcher loads it again (or says why) later
         return None
-    step = state.get("step") if isinstance(state, dict) else None
-    return step if isinstance(step, int) else None
 
 
 def trainer(run_dir: Path) -> int | None:

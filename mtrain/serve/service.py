@@ -89,7 +89,7 @@ class Service:
                 "n_decoder_layers": m.n_decoder_layers,
                 "d_ff": m.d_ff,
             },
-            "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
+            "vocab": tokenizer.vocab_sizes(),
             "max_src_len": cfg.data.max_src_len,
             "decode": {"beam": self.base.decode.beam_size, "alpha": self.base.decode.alpha},
             "explain": self.can_explain,
