@@ -1,6 +1,7 @@
 """The prepared-corpus format, owned here alone: its file names and dtypes, the manifest (read and
 checked by `read_manifest`), what the writer (`prepare.py`, `encode_corpus.py`) writes and the
-checks the reader (`token_corpus.TokenCorpus`) relies on. No torch here: `mtrain prepare` stays light.
+checks the reader (`token_corpus.TokenCorpus`) relies on.
+No torch here: `mtrain prepare` stays light.
 
 A prepared directory holds, per side (`src`, `tgt`): `SIDE.bin`, every pair's token ids one
 after another; `SIDE_len.npy`, each pair's length (uint16); `SIDE_offsets.npy`, where each pair
