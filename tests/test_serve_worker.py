@@ -265,7 +265,9 @@ def test_once_a_beam_is_timed_its_batches_hold_what_decodes_in_batch_seconds(sec
     """The first beam-16 batch holds 4000 / 16 tokens; the later ones batch_seconds / pace
     (0.5 s at 0.01 s a token: 50 tokens), and never less than one sentence."""
     model, answers = Paced({16: SLOW}), Answers()
-    batcher = Batcher(model, Policy(batch_seconds=seconds, max_wait=0.0), clock=model.clock)
+    batcher = Batcher(
+        model, Policy(batch_seconds=seconds, max_wait=0.0, batch_tokens=4000), clock=model.clock
+    )
     batcher.submit(job([10] * 100, BEAM16, answers, "big", [10] * 100))
     assert answers.wait(1)["big"] == ["10/16"] * 100
     batcher.close()
@@ -277,7 +279,9 @@ def test_a_fast_beam_is_not_bounded_by_a_slow_ones_pace():
     own pace), where the beam-16 pace would allow 50."""
     model, answers = Paced({16: SLOW, 1: FAST}), Answers()
     model.release.clear()
-    batcher = Batcher(model, Policy(max_wait=0.0, max_queue=2048), clock=model.clock)
+    batcher = Batcher(
+        model, Policy(max_wait=0.0, max_queue=2048, batch_tokens=4000), clock=model.clock
+    )
     batcher.submit(job([10] * 100, BEAM16, answers, "slow", [10] * 100))
     assert model.entered.wait(30)
     batcher.submit(job([10] * 1000, GREEDY, answers, "fast", [10] * 1000))
@@ -293,7 +297,7 @@ def test_a_greedy_request_sent_during_a_beam_16_batch_waits_two_batch_seconds_at
     (the big request went back to the queue ahead of it), each within batch_seconds: 1 s, where
     batches of 4000 / 16 tokens would take 2.5 s each."""
     model, answers = Paced({16: SLOW, 1: FAST}), Answers()
-    policy = Policy(max_wait=0.0)
+    policy = Policy(max_wait=0.0, batch_tokens=4000)
     batcher = Batcher(model, policy, clock=model.clock)
     light: dict[str, float] = {}
 
