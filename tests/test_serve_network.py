@@ -135,6 +135,11 @@ def test_a_short_token_a_bad_origin_or_too_many_connections_is_one_line(tmp_path
     result = mtrain("serve", "--run", str(tmp_path), "--token-file", str(short))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "at least 16 characters" in result.stderr and len(result.stderr.splitlines()) == 1
+    huge = tmp_path / "huge-token"
+    huge.write_text("x" * (3 << 20))  # 3 MB: no request's headers could carry it
+    result = mtrain("serve", "--run", str(tmp_path), "--token-file", str(huge))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "more than 4096 characters" in result.stderr and len(result.stderr.splitlines()) == 1
     for origin in ("*", "https://a.example/path", "a.example"):
         result = mtrain("serve", "--run", str(tmp_path), "--allow-origin", origin)
         assert result.returncode == 2 and "one origin" in result.stderr, origin
