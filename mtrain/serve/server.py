@@ -33,7 +33,11 @@ OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: a free one); OSError if it cannot be had.
+    """A socket bound to host:port (port 0: a free one); OSError if it cannot be had.
+
+    It listens only once the server starts (uvicorn calls listen() after the app's startup):
+    until the model is loaded, a connection is refused at once, not left waiting unanswered,
+    while the bound port is already this server's, so one in use is known at the start.
 
     Made with its protocol named, IPPROTO_TCP: asyncio turns Nagle's algorithm off only on
     connections whose socket says so (`socket.create_server` says 0), and with it on, a response
@@ -46,7 +50,6 @@ def bind(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:  # this address only, as socket.create_server does
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
-        sock.listen(2048)
     except OSError:
         sock.close()
         raise
