@@ -23,6 +23,7 @@ from mtrain.figures.common import CJK_FONT
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits
 from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo, WorkerDown
+from mtrain.serve.edge import json_body
 from mtrain.serve.reload import Loaded, ModelWatcher
 from mtrain.serve.service import Service
 from mtrain.serve.training_view import TrainingView
@@ -43,7 +44,8 @@ class JSONUnicode(JSONResponse):
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return JSONUnicode({"error": message, "status": status}, status, headers)
+    """An error answer, its body as edge.json_body writes every one."""
+    return Response(json_body(status, message), status, headers, media_type="application/json")
 
 
 Handler = Callable[..., Awaitable[Response]]
