@@ -122,6 +122,37 @@ def test_examples_grow_a_row_per_validation_with_their_attention(tmp_path):
     assert logs.attention(2, "你好") is None and logs.attention(0, "谁") is None
 
 
+def test_only_appended_lines_are_parsed_and_attention_stays_on_disk(tmp_path, monkeypatch):
+    path = tmp_path / EXAMPLES
+    path.write_text(line(validation(50, "I", "Hi")), "utf-8")
+    logs = TrainingView(tmp_path)
+    logs.read()
+    parsed = []
+    real = jsonl.parse
+    monkeypatch.setattr(jsonl, "parse", lambda raw: parsed.append(raw) or real(raw))
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line(validation(100, "Who am I?", "Hello")))
+    view = json.loads(logs.read().body)
+    assert len(view["examples"]["validations"]) == 2
+    assert len(parsed) == 1  # the appended line, not the whole file again
+    assert all("attention" not in ex for r in logs.examples.records for ex in r["examples"])
+    assert logs.attention(0, "我是谁")["attention"][0][1][0][0] == 0.05
+    path.write_text(line(validation(70, "Me", "Yo")), "utf-8")  # cut back: read again
+    view = json.loads(logs.read().body)
+    assert [v["step"] for v in view["examples"]["validations"]] == [70]
+
+
+def test_a_fifo_for_a_log_is_reported_not_opened(tmp_path):
+    os.mkfifo(tmp_path / EXAMPLES)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(view_of(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert done, "reading the view hung on a FIFO"
+    assert "not a regular file" in done[0]["errors"][0]
+    assert TrainingView(tmp_path).attention(0, "我是谁") is None
+
+
 # The checkpoint watcher ---------------------------------------------------------------------
 
 

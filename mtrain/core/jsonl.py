@@ -93,17 +93,17 @@ def parse(raw: bytes) -> dict[str, Any]:
     return record
 
 
-def lines(path: Path, data: bytes) -> list[Line]:
-    """The records of a log's bytes `data`, with their lines."""
+def lines(path: Path, data: bytes, first: int = 1) -> list[Line]:
+    """The records of a log's bytes `data` (its line `first` on), with their lines."""
     parts = data.split(b"\n")
     found = []
-    for number, raw in enumerate(parts, 1):
+    for number, raw in enumerate(parts, first):
         if not raw.strip():
             continue
         try:
             record = parse(raw)
         except ValueError as e:
-            if number == len(parts):  # no newline after it: a write cut short
+            if number == first + len(parts) - 1:  # no newline after it: a write cut short
                 log.warning("%s:%d: skipped a torn last line (%s)", path, number, e)
                 continue
             raise LogError(f"{path}:{number}: not a log record: {e}") from None
