@@ -70,6 +70,8 @@ def test_unknown_section_is_named(tmp_path):
         ("train:\n  ema_decay: 1\n", r"train\.ema_decay: must be in \[0, 1\)"),
         ("tokenizer:\n  tgt_vocab_size: 200\n", r"tokenizer\.tgt_vocab_size: must be at least"),
         ("data:\n  swap_columns: zh-en\n", r"data\.swap_columns: expected bool"),
+        ("train:\n  dev_examples: 1000000000\n", r"train\.dev_examples: at most 32 .*1000000000"),
+        ("train:\n  examples: [" + "我, " * 40 + "我]\n", r"train\.examples: at most 32 .*41"),
         ("model: 3\n", r"model: expected a mapping"),
         ("- a\n- b\n", r"expected a mapping"),
         ("model: [\n", r"not valid YAML"),

@@ -18,7 +18,7 @@ records = st.lists(
             "event": st.sampled_from(["train", "validation", "average", "验证"]),
             "step": st.integers(0, 10**6),
             "minutes": st.floats(0, 1e4),
-            "loss": st.floats(allow_nan=False),
+            "loss": st.floats(allow_nan=False, allow_infinity=False),
         }
     ),
     max_size=6,
@@ -89,3 +89,19 @@ def test_trim_refuses_a_damaged_line_rather_than_drop_the_records_after_it(tmp_p
     with pytest.raises(LogError, match=r"train\.jsonl:2"):
         jsonl.trim(path, 10)
     assert path.read_bytes() == good + b"[1, 2, 3]\n" + good
+
+
+def test_non_finite_numbers_are_written_as_null_and_old_ones_read_as_null(tmp_path):
+    nan = {"event": "validation", "step": 5, "minutes": 0.5, "dev_loss": float("nan")}
+    deep = {"step": 6, "minutes": 0.6, "examples": [{"attention": [[float("inf"), 0.5]]}]}
+    path = tmp_path / "metrics.jsonl"
+    written = jsonl.dumps(nan) + jsonl.dumps(deep)
+    json.loads(written.splitlines()[0], parse_constant=pytest.fail)  # JSON, not NaN
+    assert "NaN" not in written and "Infinity" not in written
+    old = '{"step": 7, "minutes": 0.7, "dev_loss": NaN, "loss": -Infinity}\n'
+    path.write_text(written + old, "utf-8")
+    read = jsonl.read(path)
+    assert read[0]["dev_loss"] is None and read[1]["examples"][0]["attention"] == [[None, 0.5]]
+    assert read[2]["dev_loss"] is None and read[2]["loss"] is None
+    # what /training serves from them is valid JSON
+    json.loads(json.dumps(read, allow_nan=False))

@@ -449,12 +449,18 @@ BAD = [
     ("POST", "/translate", b"[" * 100000, 400, "invalid JSON"),
     ("POST", "/explain", b'{"text": ["a", "b"]}', 422, "one sentence"),
     ("POST", "/explain", b'{"text": "a", "top_k": 99}', 422, "between 1 and 20"),
+    ("GET", "/training/attention?validation=" + "9" * 5000 + "&source=a", None, 422, "whole"),
+    ("GET", "/training/attention?validation=%C2%B2&source=a", None, 422, "whole number"),
+    ("GET", "/training/attention?validation=99999999999&source=a", None, 422, "between 0"),
+    ("GET", "/training/attention?validation=0", None, 422, "expected ?validation=N"),
     ("GET", "/translate", None, 405, "Method Not Allowed"),
     ("GET", "/nowhere", None, 404, "Not Found"),
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body", "status", "message"), BAD)
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"), BAD, ids=[f"{m} {p[:50]}" for m, p, *_ in BAD]
+)
 def test_each_bad_request_gets_its_status_and_message(server, method, path, body, status, message):
     got, answer = server.request(method, path, body)
     assert got == status and message in answer["error"], answer

@@ -135,6 +135,11 @@ def test_a_short_token_a_bad_origin_or_too_many_connections_is_one_line(tmp_path
     result = mtrain("serve", "--run", str(tmp_path), "--token-file", str(short))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "at least 16 characters" in result.stderr and len(result.stderr.splitlines()) == 1
+    huge = tmp_path / "huge-token"
+    huge.write_text("x" * (3 << 20))  # 3 MB: no request's headers could carry it
+    result = mtrain("serve", "--run", str(tmp_path), "--token-file", str(huge))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "more than 4096 characters" in result.stderr and len(result.stderr.splitlines()) == 1
     for origin in ("*", "https://a.example/path", "a.example"):
         result = mtrain("serve", "--run", str(tmp_path), "--allow-origin", origin)
         assert result.returncode == 2 and "one origin" in result.stderr, origin
@@ -449,3 +454,21 @@ def test_the_page_asks_for_the_token_once_and_translates(run_dir, tmp_path):
     finally:
         browser.quit()
         served.stop()
+
+
+def test_a_bar_of_idle_connections_does_not_lock_out_one_request(run_dir):
+    """300 idle connections against a cap of 50: the oldest idle ones are closed to make room,
+    so a real request is still answered."""
+    served = Server(run_dir, "--max-connections", "50")
+    held = []
+    try:
+        held = [served.connect() for _ in range(300)]
+        status, _, answer = served.raw("GET", "/health")
+        assert status == 200 and answer["status"] == "ok", answer
+        assert closed_by_server(held[0]) == b""  # the oldest was closed, with no answer
+    finally:
+        for sock in held:
+            sock.close()
+        status, stderr = served.stop()
+    assert status == 0 and "Traceback" not in stderr, stderr
+    assert len(stderr.encode()) < 2000, stderr

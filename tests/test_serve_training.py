@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from mtrain.core import jsonl
-from mtrain.core.files import LOCK_FILE, stamp
+from mtrain.core.files import LOCK_FILE, DirectoryLock, stamp
 from mtrain.decoding.translator import Translator
 from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
 from mtrain.serve import reload
@@ -26,7 +25,7 @@ from mtrain.serve.reload import ModelWatcher
 from mtrain.serve.service import Service
 from mtrain.serve.training_view import TrainingView
 
-from .console import REPO, mtrain
+from .console import REPO
 from .test_serve import Served, chromium
 
 # The log reader ---------------------------------------------------------------------------------
@@ -121,6 +120,37 @@ def test_examples_grow_a_row_per_validation_with_their_attention(tmp_path):
     assert (len(layers), len(layers[0]), len(layers[0][1]), len(layers[0][1][0])) == (1, 2, 5, 4)
     assert layers[0][1][0][0] == 0.1
     assert logs.attention(2, "你好") is None and logs.attention(0, "谁") is None
+
+
+def test_only_appended_lines_are_parsed_and_attention_stays_on_disk(tmp_path, monkeypatch):
+    path = tmp_path / EXAMPLES
+    path.write_text(line(validation(50, "I", "Hi")), "utf-8")
+    logs = TrainingView(tmp_path)
+    logs.read()
+    parsed = []
+    real = jsonl.parse
+    monkeypatch.setattr(jsonl, "parse", lambda raw: parsed.append(raw) or real(raw))
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line(validation(100, "Who am I?", "Hello")))
+    view = json.loads(logs.read().body)
+    assert len(view["examples"]["validations"]) == 2
+    assert len(parsed) == 1  # the appended line, not the whole file again
+    assert all("attention" not in ex for r in logs.examples.records for ex in r["examples"])
+    assert logs.attention(0, "我是谁")["attention"][0][1][0][0] == 0.05
+    path.write_text(line(validation(70, "Me", "Yo")), "utf-8")  # cut back: read again
+    view = json.loads(logs.read().body)
+    assert [v["step"] for v in view["examples"]["validations"]] == [70]
+
+
+def test_a_fifo_for_a_log_is_reported_not_opened(tmp_path):
+    os.mkfifo(tmp_path / EXAMPLES)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(view_of(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert done, "reading the view hung on a FIFO"
+    assert "not a regular file" in done[0]["errors"][0]
+    assert TrainingView(tmp_path).attention(0, "我是谁") is None
 
 
 # The checkpoint watcher ---------------------------------------------------------------------
@@ -243,38 +273,56 @@ def test_requests_in_flight_while_best_pt_is_replaced_all_get_answers(live_run):
     assert "loaded" in stderr and "(step 999)" in stderr
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_serve_on_a_run_before_its_first_validation_waits_for_best_pt(live_run):
     held = live_run / "held.pt"
     os.replace(live_run / BEST, held)
+    port = free_port()
     # This test's process stands in for the trainer that holds the run directory.
-    (live_run / LOCK_FILE).write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    served = Served.__new__(Served)  # started by hand: it must be seen waiting first
-    served.proc = subprocess.Popen(
-        [sys.executable, "-m", "mtrain", "serve", "--run", str(live_run), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        waiting = served._read_until(rb"waiting for .*best\.pt")
-        assert served.proc.poll() is None, waiting
-        os.replace(held, live_run / BEST)  # the first validation
-        served.stderr = waiting + served._read_until(rb"http://[\d.]+:\d+/")
-        found = re.search(r"http://([\d.]+):(\d+)/", served.stderr)
-        served.host, served.port = found[1], int(found[2])
-        status, model = served.request("GET", "/model")
-        step = load_checkpoint(live_run / BEST)["step"]
-        assert status == 200 and model["checkpoint_step"] == step
-    finally:
-        status, stderr = served.stop()
+    with DirectoryLock(live_run):
+        served = Served.__new__(Served)  # started by hand: it must be seen waiting first
+        served.proc = subprocess.Popen(
+            [sys.executable, "-m", "mtrain", "serve", "--run", str(live_run), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        try:
+            waiting = served._read_until(rb"waiting for .*best\.pt")
+            assert served.proc.poll() is None, waiting
+            assert f"pid {os.getpid()} on" in waiting
+            # while it waits, a client is refused at once rather than left unanswered
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            os.replace(held, live_run / BEST)  # the first validation
+            served.stderr = waiting + served._read_until(rb"http://[\d.]+:\d+/")
+            served.host, served.port = "127.0.0.1", port
+            status, model = served.request("GET", "/model")
+            step = load_checkpoint(live_run / BEST)["step"]
+            assert status == 200 and model["checkpoint_step"] == step
+        finally:
+            status, stderr = served.stop()
     assert status == 0 and "Traceback" not in stderr, stderr
 
 
-def test_serve_on_a_run_no_process_trains_says_the_checkpoint_is_missing(live_run):
+@pytest.mark.parametrize("pid", [999999999, os.getpid()])  # gone; alive but no trainer
+def test_serve_on_a_run_no_process_trains_says_the_checkpoint_is_missing(live_run, pid):
     (live_run / BEST).unlink()
-    (live_run / LOCK_FILE).write_text(f"pid 999999999 on {socket.gethostname()}\n")
-    result = mtrain("serve", "--run", str(live_run), "--port", "0")
+    (live_run / LOCK_FILE).write_text(f"pid {pid} on {socket.gethostname()}\n")
+    result = subprocess.run(  # bounded: a server that waits for best.pt would never return
+        [sys.executable, "-m", "mtrain", "serve", "--run", str(live_run), "--port", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert result.returncode == 2 and "no such checkpoint" in result.stderr
     assert "waiting" not in result.stderr
 

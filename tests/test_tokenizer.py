@@ -69,3 +69,21 @@ def test_the_target_model_takes_its_own_size(tmp_path):
     texts = [f"sentence number {i} of {i * 7} and {i * 13} more words" for i in range(400)]
     tok = Tokenizer.train(texts, texts, cfg, "en", "de", tmp_path)
     assert (tok.src_vocab_size, tok.tgt_vocab_size) == (400, 300)
+
+
+def test_a_size_the_corpus_cannot_fill_is_said_with_what_was_made(tmp_path, caplog):
+    import logging
+
+    from mtrain.core.config import TokenizerConfig
+
+    cfg = TokenizerConfig(vocab_size=400, tgt_vocab_size=10**9, character_coverage=1.0)
+    texts = [f"sentence number {i} of {i * 7} and {i * 13} more words" for i in range(400)]
+    with caplog.at_level(logging.WARNING):
+        tok = Tokenizer.train(texts, texts, cfg, "en", "de", tmp_path)
+    made = tok.tgt_vocab_size
+    assert made < 10**9
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"tokenizer.tgt_vocab_size: 1000000000 asked, SentencePiece could make {made} from this "
+        f"corpus; the model has {made}"
+    ]

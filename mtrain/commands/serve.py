@@ -41,6 +41,9 @@ from mtrain.serve.edge import (
 )
 
 TOKEN_ENV = "MTRAIN_SERVE_TOKEN"
+# Every request carries the token in a header, and h11 takes 16 KiB of headers at most: a
+# longer token could never be sent.
+MAX_TOKEN = 4096
 
 HostOption = Annotated[
     str,
@@ -137,12 +140,19 @@ AllowOriginOption = Annotated[
 def read_token(path: Path | None) -> str | None:
     """The token from --token-file, else from $MTRAIN_SERVE_TOKEN; None if neither is set."""
     if path is not None:
-        where, text = f"--token-file {path}", path.read_text("utf-8", errors="replace")
+        with path.open("rb") as f:  # bounded: a huge file (or a device) is not read whole
+            data = f.read(2 * MAX_TOKEN)
+        where, text = f"--token-file {path}", data.decode("utf-8", errors="replace")
     elif os.environ.get(TOKEN_ENV):
         where, text = f"${TOKEN_ENV}", os.environ[TOKEN_ENV]
     else:
         return None
     token = text.strip()
+    if len(text) >= 2 * MAX_TOKEN or len(token) > MAX_TOKEN:
+        fail(
+            f"{where}: a token of more than {MAX_TOKEN} characters cannot be sent in a "
+            "request's headers (16 KiB at most); make a shorter one"
+        )
     if len(token) < 16 or not all(33 <= ord(c) < 127 for c in token):
         fail(
             f"{where}: a token is at least 16 characters, printable ASCII without spaces; "

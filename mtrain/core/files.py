@@ -293,7 +293,7 @@ class DirectoryLock:
             f.close()  # its holder removed it as it let go: lock the file there now
         f.seek(0)
         f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")  # the holder, for messages
         f.flush()
         self.file = f
         return self
@@ -322,6 +322,25 @@ class DirectoryLock:
                 self.path.unlink(missing_ok=True)
             self.file.close()  # closing releases the lock
             self.file = None
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds the lock on `directory` now, as its lock file names them ("pid 12 on host");
+    None if no process holds it. The OS lock is asked, not the pid: a pid outlives its process
+    and may name another one since."""
+    try:  # non-blocking: a FIFO named .lock must not hang the caller
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if fcntl is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:  # a shared lock is refused only while a holder has the exclusive one
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return f.read(200).decode("utf-8", "replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
 
 
 def lock_beside(directory: Path) -> DirectoryLock:

@@ -3,12 +3,16 @@
 A record is a JSON object with a whole-number "step" and a number of "minutes". A killed trainer
 can leave the last line torn (no newline, cut mid-record): it is skipped with a warning. Any
 other line that is not a record is an error that names the file and line.
+
+A value that is not finite (a NaN dev loss) is written as null, which JSON has, not as NaN,
+which it has not; one written by an older mtrain is read as null too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import reprlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +23,8 @@ from mtrain.core.files import write_atomic
 log = logging.getLogger(__name__)
 
 REQUIRED = ("step", "minutes")
-NUMBERS = ("step", "minutes", "loss", "lr", "dev_loss", "dev_bleu", "dev_chrf")  # when present
+# When present: a number, or null for one that was not finite.
+NUMBERS = ("loss", "lr", "dev_loss", "dev_bleu", "dev_chrf")
 
 
 class LogError(ValueError):
@@ -37,10 +42,35 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def dumps(record: dict[str, Any], ensure_ascii: bool = True) -> str:
+    """One log line, newline included: JSON whose non-finite numbers are null."""
+    try:
+        text = json.dumps(record, ensure_ascii=ensure_ascii, allow_nan=False)
+    except ValueError:  # rare: a diverged run; only then is the record walked
+        text = json.dumps(_finite(record), ensure_ascii=ensure_ascii, allow_nan=False)
+    return text + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN and infinity, however deep, made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _no_constant(name: str) -> None:
+    """NaN, Infinity and -Infinity, which older mtrain wrote: read as null."""
+    return None
+
+
 def parse(raw: bytes) -> dict[str, Any]:
     """The record one line holds; ValueError says why it holds none."""
     try:
-        record = json.loads(raw.decode("utf-8"))
+        record = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise ValueError("not UTF-8 text") from None
     except (ValueError, RecursionError):  # RecursionError: nested arrays thousands deep
@@ -50,8 +80,11 @@ def parse(raw: bytes) -> dict[str, Any]:
     for key in REQUIRED:
         if key not in record:
             raise ValueError(f'no "{key}"')
+    for key in REQUIRED:
+        if not is_number(record[key]):
+            raise ValueError(f'"{key}": expected a number, got {reprlib.repr(record[key])}')
     for key in NUMBERS:
-        if key in record and not is_number(record[key]):
+        if record.get(key) is not None and not is_number(record[key]):
             raise ValueError(f'"{key}": expected a number, got {reprlib.repr(record[key])}')
     if not isinstance(record["step"], int) or record["step"] < 0:
         raise ValueError(f'"step": expected a whole number >= 0, got {record["step"]!r}')
@@ -60,17 +93,17 @@ def parse(raw: bytes) -> dict[str, Any]:
     return record
 
 
-def lines(path: Path, data: bytes) -> list[Line]:
-    """The records of a log's bytes `data`, with their lines."""
+def lines(path: Path, data: bytes, first: int = 1) -> list[Line]:
+    """The records of a log's bytes `data` (its line `first` on), with their lines."""
     parts = data.split(b"\n")
     found = []
-    for number, raw in enumerate(parts, 1):
+    for number, raw in enumerate(parts, first):
         if not raw.strip():
             continue
         try:
             record = parse(raw)
         except ValueError as e:
-            if number == len(parts):  # no newline after it: a write cut short
+            if number == first + len(parts) - 1:  # no newline after it: a write cut short
                 log.warning("%s:%d: skipped a torn last line (%s)", path, number, e)
                 continue
             raise LogError(f"{path}:{number}: not a log record: {e}") from None

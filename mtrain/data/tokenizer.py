@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ import sentencepiece as spm
 from mtrain.core.config import ConfigError, TokenizerConfig
 from mtrain.core.files import write_atomic
 
+log = logging.getLogger(__name__)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
 
@@ -34,8 +36,14 @@ class TokenizerError(ValueError):
 
 
 def _train_model(
-    sentences: Iterable[str], cfg: TokenizerConfig, size: int, coverage: float, seed: int
+    sentences: Iterable[str],
+    cfg: TokenizerConfig,
+    size: int,
+    coverage: float,
+    seed: int,
+    key: str = "tokenizer.vocab_size",
 ) -> bytes:
+    """A SentencePiece model of at most `size` pieces (`key` asked for them), serialised."""
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
@@ -61,7 +69,17 @@ def _train_model(
             f"tokenizer: SentencePiece training failed: {reason} (raise tokenizer.vocab_size "
             "or lower tokenizer.character_coverage)"
         ) from None
-    return model.getvalue()
+    proto = model.getvalue()
+    made = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    if made < size:  # hard_vocab_limit=False: the corpus holds no more pieces
+        log.warning(
+            "%s: %d asked, SentencePiece could make %d from this corpus; the model has %d",
+            key,
+            size,
+            made,
+            made,
+        )
+    return proto
 
 
 def check_ids(sp: spm.SentencePieceProcessor, name: str) -> None:
@@ -121,7 +139,8 @@ class Tokenizer:
             src = tgt = _train_model(both, cfg, cfg.vocab_size, coverage(src_lang, tgt_lang), seed)
         else:
             src = _train_model(src_sentences, cfg, cfg.vocab_size, coverage(src_lang), seed)
-            tgt = _train_model(tgt_sentences, cfg, cfg.tgt_size, coverage(tgt_lang), seed)
+            key = "tokenizer.tgt_vocab_size" if cfg.tgt_vocab_size else "tokenizer.vocab_size"
+            tgt = _train_model(tgt_sentences, cfg, cfg.tgt_size, coverage(tgt_lang), seed, key)
         write_atomic(out_dir / SRC_MODEL, src)
         write_atomic(out_dir / TGT_MODEL, tgt)
         return cls.load(out_dir)

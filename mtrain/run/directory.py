@@ -270,7 +270,7 @@ def latest_run(runs_root: Path) -> Path:
 def training_summary(run_dir: Path) -> dict[str, Any]:
     """Steps, minutes and best dev BLEU from a run's logs, and the checkpoints it holds."""
     records = jsonl.read(run_dir / METRICS) + jsonl.read(run_dir / TRAIN_LOG)
-    scored = [r for r in records if "dev_bleu" in r]
+    scored = [r for r in records if r.get("dev_bleu") is not None]
     best = max(scored, key=lambda r: r["dev_bleu"], default=None)
     return {
         "steps": max((r["step"] for r in records), default=0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,17 @@ class Huge:
 
 def _parse_int(text: str) -> int | Huge:
     return int(text) if len(text) <= MAX_DIGITS else Huge(len(text.lstrip("-")))
+
+
+def whole_number(text: str | None, key: str, high: int) -> int:
+    """A query parameter or header read as a whole number in [0, high]: ASCII digits only (not
+    `²` or `٣`, which `isdigit()` passes and `int()` may not), never more than MAX_DIGITS."""
+    if text is None or not re.fullmatch(f"[0-9]{{1,{MAX_DIGITS}}}", text):
+        raise ApiError(422, f"{key!r} must be a whole number, not {_shown(text)}")
+    value = int(text)
+    if value > high:
+        raise ApiError(422, f"{key!r} must be between 0 and {high}, not {_shown(value)}")
+    return value
 
 
 def parse_body(body: bytes) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from mtrain.figures.common import CJK_FONT
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits
 from mtrain.serve.batcher import Batcher, Closed, Job, Policy, QueueFull, Solo, WorkerDown
+from mtrain.serve.edge import json_body
 from mtrain.serve.reload import Loaded, ModelWatcher
 from mtrain.serve.service import Service
 from mtrain.serve.training_view import TrainingView
@@ -30,6 +31,7 @@ from mtrain.serve.training_view import TrainingView
 log = logging.getLogger(__name__)
 
 STATIC = resources.files("mtrain.serve") / "static"
+MAX_VALIDATION = 1 << 31  # the index of a validation line in examples.jsonl
 
 
 class JSONUnicode(JSONResponse):
@@ -42,7 +44,8 @@ class JSONUnicode(JSONResponse):
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return JSONUnicode({"error": message, "status": status}, status, headers)
+    """An error answer, its body as edge.json_body writes every one."""
+    return Response(json_body(status, message), status, headers, media_type="application/json")
 
 
 Handler = Callable[..., Awaitable[Response]]
@@ -95,8 +98,8 @@ async def disconnected(request: Request) -> None:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request's body; 413 as soon as it passes `limit` bytes."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
+    length = request.headers.get("content-length")
+    if length is not None and api.whole_number(length, "Content-Length", 1 << 62) > limit:
         raise ApiError(413, f"request body of {length} bytes; at most {limit}")
     body = bytearray()
     async for chunk in request.stream():
@@ -237,10 +240,11 @@ class Server:
     async def training_attention(self, request: Request) -> Response:
         """?validation=N&source=TEXT: one example's cross-attention at the N-th validation."""
         query = request.query_params
-        validation, source = query.get("validation", ""), query.get("source")
-        if not validation.isdigit() or source is None:
+        if "validation" not in query or "source" not in query:
             raise ApiError(422, "expected ?validation=N (0 for the first)&source=the example")
-        found = await asyncio.to_thread(self.logs.attention, int(validation), source)
+        validation = api.whole_number(query["validation"], "validation", MAX_VALIDATION)
+        source = query["source"]
+        found = await asyncio.to_thread(self.logs.attention, validation, source)
         if found is None:
             raise ApiError(404, f"no example {source!r} at validation {validation}")
         return JSONUnicode(found)

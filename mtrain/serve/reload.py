@@ -11,8 +11,6 @@ A file that changed while it was read is read again at the next look.
 from __future__ import annotations
 
 import logging
-import re
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtrain.core import runtime
-from mtrain.core.files import LOCK_FILE, Stamp, is_running, stamp
+from mtrain.core.files import Stamp, lock_holder, stamp
 from mtrain.decoding.translator import Translator
 from mtrain.run.directory import CheckpointError, load_model, peek_checkpoint
 
@@ -46,28 +44,18 @@ def saved_step(path: Path) -> int | None:
         return None
 
 
-def trainer(run_dir: Path) -> int | None:
-    """The pid of the live process on this machine that holds the run directory; None if none."""
-    try:
-        holder = (run_dir / LOCK_FILE).read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    found = re.fullmatch(r"pid (\d+) on (.+)\n?", holder)
-    if not found or found[2] != socket.gethostname() or not is_running(int(found[1])):
-        return None
-    return int(found[1])
-
-
 def wait_for_checkpoint(path: Path, run_dir: Path) -> None:
-    """Wait while a run that is training has not written the checkpoint `path` yet (its first
-    validation writes best.pt); return at once if it exists or nothing trains the run."""
+    """Wait while a process holds the run directory's lock (a run training) and has not written
+    the checkpoint `path` yet (its first validation writes best.pt); return at once if it exists
+    or nothing holds the run."""
     said = False
-    while not path.exists() and (pid := trainer(run_dir)) is not None:
+    while not path.exists() and (holder := lock_holder(run_dir)) is not None:
         if not said:
             log.info(
-                "mtrain: waiting for %s: the run (pid %d) writes it at its first validation",
+                "mtrain: waiting for %s: the run (%s) writes it at its first validation; "
+                "the port opens once it is loaded",
                 path,
-                pid,
+                holder,
             )
             said = True
         time.sleep(POLL_SECONDS)

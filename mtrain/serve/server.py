@@ -33,7 +33,11 @@ OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: a free one); OSError if it cannot be had.
+    """A socket bound to host:port (port 0: a free one); OSError if it cannot be had.
+
+    It listens only once the server starts (uvicorn calls listen() after the app's startup):
+    until the model is loaded, a connection is refused at once, not left waiting unanswered,
+    while the bound port is already this server's, so one in use is known at the start.
 
     Made with its protocol named, IPPROTO_TCP: asyncio turns Nagle's algorithm off only on
     connections whose socket says so (`socket.create_server` says 0), and with it on, a response
@@ -46,7 +50,6 @@ def bind(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:  # this address only, as socket.create_server does
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
-        sock.listen(2048)
     except OSError:
         sock.close()
         raise
@@ -160,10 +163,12 @@ class Connection(H11Protocol):
         self.net, self.repeats = net, repeats
         self.deadline: asyncio.TimerHandle | None = None
         self.reading = False  # bytes of a request have come and the request is not whole
+        self.opened = 0.0  # loop time the connection was made
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.opened = self.loop.time()
         super().connection_made(transport)
-        if len(self.connections) > self.net.max_connections:
+        if len(self.connections) > self.net.max_connections and not self._evict_idle():
             self.repeats.note(
                 f"refused connections: {self.net.max_connections} open, the most allowed"
             )
@@ -171,6 +176,25 @@ class Connection(H11Protocol):
             transport.close()
             return
         self._arm()
+
+    def _evict_idle(self) -> bool:
+        """Make room by closing the oldest other connection that is answering nothing (idle,
+        or its request not whole yet): one client holding idle connections must not lock
+        every other out. False if every other connection has a request being answered."""
+        idle = [
+            c
+            for c in self.connections
+            if c is not self
+            and isinstance(c, Connection)
+            and not c.transport.is_closing()
+            and (c.cycle is None or c.cycle.response_complete)
+        ]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c.opened)
+        self.repeats.note("closed idle connections to make room: the connection cap is reached")
+        oldest.transport.close()
+        return True
 
     def data_received(self, data: bytes) -> None:
         self.reading = True

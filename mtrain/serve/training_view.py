@@ -1,10 +1,13 @@
 """The page's training view: a run's curves and example translations, read from logs that may
 still be written.
 
-Each log is parsed again only when its stamp changes, so the page may poll every few seconds. A
-last line without its newline is a record still being written, not an error: it is left for the
-next look. Missing files (no validation yet) read as no records; a line that is not a record
-leaves the last good reading in place and is reported once.
+A log is read incrementally: at each look only the bytes appended since are parsed (a file that
+shrank or was replaced, as a resumed run trims it, is read again from its start). A last line
+without its newline is a record still being written, not an error: it is left for the next
+look. Missing files (no validation yet) read as no records; a line that is not a record leaves
+the last good reading in place and is reported once; only regular files are opened (a FIFO
+would hang the request). An example's attention maps stay on disk until one is asked for: the
+view keeps where each validation's line lies in examples.jsonl, and reads that line again.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,32 +27,99 @@ from mtrain.run.directory import EXAMPLES, METRICS, TRAIN_LOG
 
 log = logging.getLogger(__name__)
 
+HEAVY = ("attention", "src_pieces", "tgt_pieces")  # an example's keys left on disk until asked
+READ_CHUNK = 1 << 24  # bytes parsed per look at most: a huge log is caught up over a few looks
+
 
 @dataclass
 class LogFile:
-    """One JSON-lines log and its records as last read."""
+    """One JSON-lines log and its records as last read; `light` drops examples' heavy keys."""
 
     path: Path
+    light: bool = False
     stamp: Stamp | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)  # each record's (offset, length)
     error: str | None = None
+    offset: int = 0  # bytes read whole, up to a newline
+    line: int = 1  # the number of the line at `offset`
+    inode: int | None = None  # of the file read
 
     def refresh(self) -> bool:
-        """Read the log again if it changed; True if it did."""
+        """Read what was appended to the log since the last look; True if it changed."""
         now = stamp(self.path)
         if now == self.stamp:
             return False
+        # gone, replaced, or cut back (a resumed run's trim): read it again from its start
+        if now is None or now.inode != self.inode or now.size < self.offset:
+            self._restart()
+            self.inode = now and now.inode
         self.stamp = now
         try:
-            data = jsonl.read_bytes(self.path) or b""
+            data = self._read_from(self.offset)
             finished = data[: data.rfind(b"\n") + 1]  # a live writer's last line may be half out
-            self.records = [line.record for line in jsonl.lines(self.path, finished)]
-            self.error = None
+            found = jsonl.lines(self.path, finished, self.line)
         except jsonl.LogError as e:  # keep the last good records
             if self.error != str(e):
                 log.warning("mtrain serve: %s", e)
             self.error = str(e)
+            return True
+        starts = [0] + [i + 1 for i, byte in enumerate(finished) if byte == 10]
+        for line in found:
+            start = starts[line.number - self.line]
+            self.spans.append((self.offset + start, len(line.text.encode("utf-8"))))
+            self.records.append(_light(line.record) if self.light else line.record)
+        self.offset += len(finished)
+        self.line += finished.count(b"\n")
+        self.error = None
+        if len(data) == READ_CHUNK:
+            self.stamp = None  # more to read at the next look
         return True
+
+    def _restart(self) -> None:
+        self.records, self.spans, self.offset, self.line, self.error = [], [], 0, 1, None
+
+    def _read_from(self, offset: int) -> bytes:
+        """At most READ_CHUNK bytes of the log from `offset`; none if it is absent."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return b""
+        except OSError as e:
+            raise jsonl.LogError(f"{self.path}: cannot read ({e.strerror})") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise jsonl.LogError(f"{self.path}: not a regular file")
+            f.seek(offset)
+            return f.read(READ_CHUNK)
+
+    def record_at(self, index: int) -> dict[str, Any] | None:
+        """The `index`-th record whole, read again from disk; None if it is gone or changed."""
+        offset, length = self.spans[index]
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            f.seek(offset)
+            try:
+                return jsonl.parse(f.read(length).rstrip(b"\n"))
+            except ValueError:
+                return None
+
+
+def _light(record: dict[str, Any]) -> dict[str, Any]:
+    """A validation line's record without its examples' attention and pieces."""
+    items = record.get("examples")
+    if not isinstance(items, list):
+        return record
+    kept = [
+        {k: v for k, v in ex.items() if k not in HEAVY} if isinstance(ex, dict) else ex
+        for ex in items
+    ]
+    return {**record, "examples": kept}
 
 
 @dataclass
@@ -65,7 +137,7 @@ class TrainingView:
         self.run_dir = run_dir
         self.train = LogFile(run_dir / TRAIN_LOG)
         self.metrics = LogFile(run_dir / METRICS)
-        self.examples = LogFile(run_dir / EXAMPLES)
+        self.examples = LogFile(run_dir / EXAMPLES, light=True)
         self.snapshot: Snapshot | None = None
 
     def read(self) -> Snapshot:
@@ -125,7 +197,8 @@ class TrainingView:
         records = self.examples.records
         if not 0 <= validation < len(records):
             return None
-        for ex in _items(records[validation]):
+        whole = self.examples.record_at(validation)
+        for ex in _items(whole or {}):
             if ex["source"] == source:
                 return {
                     "step": records[validation]["step"],

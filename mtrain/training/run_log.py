@@ -4,7 +4,6 @@ examples.jsonl and, with `train.tensorboard`, TensorBoard's event files."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -44,7 +43,7 @@ class TrainLog:
         loss = self.loss_sum / self.tokens  # label-smoothed, as the updates minimised it
         if self.file is not None:
             record = {"event": "train", "step": step, "minutes": minutes, "loss": loss, "lr": lr}
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(jsonl.dumps(record))
             self.file.flush()
         self.loss_sum, self.tokens = 0.0, 0
         return loss
@@ -138,12 +137,12 @@ class RunLog:
         its scores in metrics.jsonl, then its examples in examples.jsonl, one line each on
         stderr, and in TensorBoard."""
         record = {"event": event, **val.scores(), "best": improved, **extra}
-        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.write(jsonl.dumps(record))
         self.metrics.flush()
         if val.examples and self.examples is not None:
             shown = [example.to_dict() for example in val.examples]
             record = {"event": event, "step": val.step, "minutes": val.minutes, "examples": shown}
-            self.examples.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.examples.write(jsonl.dumps(record, ensure_ascii=False))
             self.examples.flush()
         self.dev_bleu = val.dev_bleu
         what = f"average of steps {extra['steps']}" if event == "average" else f"step {val.step}"
