@@ -30,7 +30,7 @@ from mtrain.training.coordinator import Action, Coordinator, Finished, patience
 from mtrain.training.data import TrainingData, Update
 from mtrain.training.moving_average import MovingAverage
 from mtrain.training.optim import build_optimizer
-from mtrain.training.run_log import RunLog, run_log, trim_logs
+from mtrain.training.run_log import LOG_EVERY, RunLog, run_log, trim_logs
 from mtrain.training.state import Checkpoints, Held, Progress, TrainingState, resume_from_rank_0
 from mtrain.training.update_step import NonFiniteLoss, OutOfMemory, UpdateStep
 from mtrain.training.validation import Scoreboard, Validation, Validator
@@ -204,10 +204,10 @@ class Trainer:
             if self.step >= coordinator.last_step:
                 break
             lr = self.schedule.lr  # this update's (the next's after)
-            try:
+            with self.kept_on_failure():
                 loss = self.update_step(update)
-            except (NonFiniteLoss, OutOfMemory) as e:
-                raise type(e)(f"{e}; {self.checkpoints.kept()}") from None
+                if self.step % LOG_EVERY == 0:  # the log reads the loss: none is NaN
+                    self.update_step.check_finite()
             if self.step % RELEASE_MEMORY_EVERY == 0:
                 runtime.release_freed_memory()
             coordinator.plan(self.step, self.minutes())
@@ -217,6 +217,8 @@ class Trainer:
             action = coordinator.next_action(self.step, self.minutes(), loss is not None)
             if action is Action.GO:
                 continue
+            with self.kept_on_failure():  # no checkpoint holds an update after a NaN loss
+                self.update_step.check_finite()
             rng = self.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
             if action in (Action.INTERRUPT, Action.STOP):
                 if main:
@@ -228,6 +230,15 @@ class Trainer:
                 self.validate_and_save(coordinator, logs, rng)
             if coordinator.patience_out(self.scores) or action is Action.FINAL:
                 break
+
+    @contextlib.contextmanager
+    def kept_on_failure(self) -> Iterator[None]:
+        """Within this block, a non-finite loss or running out of memory among several
+        processes says which checkpoint is left."""
+        try:
+            yield
+        except (NonFiniteLoss, OutOfMemory) as e:
+            raise type(e)(f"{e}; {self.checkpoints.kept()}") from None
 
     @property
     def choice(self) -> Choice | None:

@@ -1,6 +1,11 @@
 """The update step: one optimizer update from the summed gradients of an update's batches (one
 all-reduce under DDP, mixed precision, clipping), and what becomes of an update that runs out
-of memory or whose loss is not finite."""
+of memory or whose loss is not finite.
+
+An update never waits for the device: its loss stays there (the run log sums it and reads it
+at its log steps), and a non-finite loss is noted there too and read by `check_finite` at the
+log steps and before a checkpoint. Only `train.skip_nonfinite`, which must decide before the
+optimizer steps, reads each update's loss back."""
 
 from __future__ import annotations
 
@@ -73,6 +78,10 @@ class UpdateStep:
         self.loss, self.average = loss, average
         self.step = step  # optimizer updates done
         self.skipped = skipped  # updates skipped for running out of memory or a non-finite loss
+        # The first update since the last check whose loss was not finite (0: none), and that
+        # loss, kept on the device: see `check_finite`.
+        self.non_finite_step = torch.zeros((), dtype=torch.long, device=device)
+        self.non_finite_loss = torch.zeros((), device=device)
 
     @classmethod
     def of(
@@ -101,11 +110,12 @@ class UpdateStep:
             average=state.average,
         )
 
-    def __call__(self, update: Update) -> float | None:
+    def __call__(self, update: Update) -> torch.Tensor | None:
         """One optimizer update from the summed gradients of the update's batches.
 
-        Returns the mean loss per target token, or None when the update was skipped (out of
-        memory in a single process, or a non-finite loss with `train.skip_nonfinite`).
+        Returns the mean loss per target token, a () tensor on the device, or None when the
+        update was skipped (out of memory in a single process, or a non-finite loss with
+        `train.skip_nonfinite`).
         """
         self.model.train()
         batches = [batch.to(self.device) for batch in update.batches]
@@ -115,9 +125,13 @@ class UpdateStep:
         except torch.cuda.OutOfMemoryError:
             return self.out_of_memory(update)
         # Every rank sees the same total, so every rank takes the same decision below.
-        mean_loss = self.group.sum(total).item() / self.group.world_size
-        if not math.isfinite(mean_loss):
-            return self.non_finite(update, mean_loss)
+        mean_loss = self.group.sum(total) / self.group.world_size  # ()
+        if self.loss.skip_nonfinite:
+            value = mean_loss.item()  # the one read per update: skipping is decided here
+            if not math.isfinite(value):
+                return self.non_finite(update, value)
+        else:
+            self.note_non_finite(mean_loss)
         self.scaler.unscale_(self.optimizer)
         clip_norm = self.loss.clip_norm
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm, foreach=True)
@@ -150,6 +164,22 @@ class UpdateStep:
             total += loss.detach()
         return total
 
+    def note_non_finite(self, mean_loss: torch.Tensor) -> None:
+        """Note on the device, without waiting for it, whether this update's loss is the first
+        non-finite one since the last check."""
+        first = ~torch.isfinite(mean_loss) & (self.non_finite_step == 0)  # ()
+        self.non_finite_step = torch.where(first, self.step + 1, self.non_finite_step)
+        self.non_finite_loss = torch.where(first, mean_loss.float(), self.non_finite_loss)
+
+    def check_finite(self) -> None:
+        """Stop with one line if an update's loss was not finite (without
+        `train.skip_nonfinite`); it reads the device, so the loop calls it at its log steps and
+        before a checkpoint, which then holds no update after the bad one."""
+        step = int(self.non_finite_step.item())
+        if step:
+            loss = self.non_finite_loss.item()
+            raise NonFiniteLoss(f"step {step}: the loss is {loss}; training stopped")
+
     def out_of_memory(self, update: Update) -> None:
         """Skip the update in a single process; among several, stop with one line."""
         if self.group.active:  # the other ranks are already waiting for this one
@@ -164,10 +194,8 @@ class UpdateStep:
         self.skip(update, "out of memory")
 
     def non_finite(self, update: Update, mean_loss: float) -> None:
-        """Skip the update with `train.skip_nonfinite`; else stop with one line."""
+        """Skip the update (`train.skip_nonfinite`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if not self.loss.skip_nonfinite:
-            raise NonFiniteLoss(f"step {self.step + 1}: the loss is {mean_loss}; training stopped")
         self.skip(update, f"loss is {mean_loss}")
 
     def skip(self, update: Update, reason: str) -> None:
