@@ -42,7 +42,7 @@ from mtrain.data.tokenizer import PAD_ID
 from mtrain.run.directory import build_model
 from mtrain.training.data import TrainingData
 from mtrain.training.optim import build_optimizer
-from mtrain.training.update_step import LossSettings, UpdateStep
+from mtrain.training.update_step import LossSettings, UpdateStep, compiled_shapes
 
 
 def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:
@@ -126,6 +126,7 @@ def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Gr
         device=device,
         amp_dtype=amp_dtype,
         loss=LossSettings.of(cfg.train),
+        compiled_shapes=compiled_shapes(cfg.train, device, data.stream.grid.shapes),
     )
 
 

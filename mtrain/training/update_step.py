@@ -21,6 +21,7 @@ from mtrain.core import runtime
 from mtrain.core.config import TrainConfig
 from mtrain.core.distributed import Group
 from mtrain.data.pairs import Batch
+from mtrain.training.compiled import Compiled, compiles_on
 from mtrain.training.data import Update
 from mtrain.training.moving_average import MovingAverage
 from mtrain.training.optim import Schedule, loss_fn
@@ -69,13 +70,21 @@ class UpdateStep:
         step: int = 0,
         skipped: int = 0,
         average: MovingAverage | None = None,
+        compiled_shapes: int = 0,
     ):
         """`net` is `model`, or `model` wrapped in DistributedDataParallel; `step` and
         `skipped` count the updates done and skipped before (a resumed run's); `average`, if
-        any, follows the weights after every update."""
+        any, follows the weights after every update; `compiled_shapes`, if not 0, compiles a
+        batch's forward and loss for each of the batch grid's that many shapes
+        (`train.compile`, in a single process)."""
         self.net, self.model, self.optimizer, self.scaler = net, model, optimizer, scaler
         self.schedule, self.group, self.device, self.amp_dtype = schedule, group, device, amp_dtype
         self.loss, self.average = loss, average
+        self.compiled = None
+        if compiled_shapes and group.active:
+            log.warning("train.compile: not under torchrun yet; the updates run eagerly")
+        elif compiled_shapes:
+            self.compiled = Compiled(self.batch_loss, compiled_shapes)
         self.step = step  # optimizer updates done
         self.skipped = skipped  # updates skipped for running out of memory or a non-finite loss
         # The first update since the last check whose loss was not finite (0: none), and that
@@ -108,6 +117,7 @@ class UpdateStep:
             step=progress.step,
             skipped=progress.skipped,
             average=state.average,
+            compiled_shapes=compiled_shapes(cfg, device, state.data.stream.grid.shapes),
         )
 
     def __call__(self, update: Update) -> torch.Tensor | None:
@@ -148,16 +158,13 @@ class UpdateStep:
         (`n_target` on all processes) weighing the same; return this process's share of the
         mean loss."""
         group = self.group
+        batch_loss = self.compiled or self.batch_loss
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             # DDP all-reduces the gradients in the backward of the last batch only.
             last = i == len(batches) - 1
             with nullcontext() if last or not group.active else self.net.no_sync():
-                with runtime.autocast(self.device, self.amp_dtype):
-                    logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
-                # The label-smoothed loss summed over the batch's tokens.
-                loss = loss_fn(logits, batch.tgt_out, self.loss.label_smoothing, "sum")
-                loss = loss / n_target
+                loss = batch_loss(batch.src, batch.tgt_in, batch.tgt_out) / n_target
                 if group.active:  # DDP averages the ranks' gradients: undo the mean
                     loss = loss * group.world_size
                 self.scaler.scale(loss).backward()
@@ -179,6 +186,14 @@ class UpdateStep:
         if step:
             loss = self.non_finite_loss.item()
             raise NonFiniteLoss(f"step {step}: the loss is {loss}; training stopped")
+
+    def batch_loss(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor
+    ) -> torch.Tensor:
+        """The label-smoothed loss of a batch, summed over its target tokens."""
+        with runtime.autocast(self.device, self.amp_dtype):
+            logits = self.net(src, tgt_in)  # (B, T, V)
+        return loss_fn(logits, tgt_out, self.loss.label_smoothing, "sum")
 
     def out_of_memory(self, update: Update) -> None:
         """Skip the update in a single process; among several, stop with one line."""
@@ -208,6 +223,11 @@ class UpdateStep:
             reason,
             self.skipped,
         )
+
+
+def compiled_shapes(cfg: TrainConfig, device: torch.device, grid: list) -> int:
+    """The shapes to compile a batch's forward and loss for (`train.compile`); 0: none."""
+    return len(grid) if compiles_on(cfg.compile, device) else 0
 
 
 def shapes(update: Update) -> str:
