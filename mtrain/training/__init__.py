@@ -1,9 +1,9 @@
 """Stage 6, training: the loop (`trainer`) and the parts it runs. What a run trains on
 (`data`); one update (`update_step`) with its loss and optimiser (`optim`) and its compiled fast
 path (`compiled`); when to validate, save and stop (`coordinator`); dev loss, BLEU and patience
-(`validation`); example translations (`examples`); checkpoints and the state they hold (`state`); the moving average
-(`moving_average`); the recipe chosen from the planned budget (`budget_recipe`); the logs
-(`run_log`, `tensorboard_log`).
+(`validation`); example translations (`examples`); checkpoints and the state they hold
+(`state`); the moving average (`moving_average`); the recipe chosen from the planned budget
+(`budget_recipe`); the logs (`run_log`, `tensorboard_log`).
 
 It imports only from the stages before it (`core`, `data`, `model`, `run`, `decoding`,
 `figures`).
