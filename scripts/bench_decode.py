@@ -157,13 +157,14 @@ def main() -> None:
     )
     parser.add_argument("--ctranslate2", action="store_true", help="instead: beside CTranslate2")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: PyTorch's)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA where present), cpu, cuda")
     args = parser.parse_args()
     if args.long_outputs and (args.run is None) == (args.random_model is None):
         parser.error("--long-outputs needs --run or --random-model")
     if not args.long_outputs and (args.run is None or args.random_model is not None):
         parser.error("--run is required; --random-model goes with --long-outputs")
 
-    device = runtime.pick_device()
+    device = runtime.pick_device(args.device)
     if args.long_outputs:
         return long_outputs(args, device)
     cfg, tokenizer, model = load_run(args.run, device)

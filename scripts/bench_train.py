@@ -1,6 +1,8 @@
 """Training speed of a config on this machine: tokens/s, padding, FLOPs, MFU, peak memory.
 
     python scripts/bench_train.py --config configs/default.yaml [--steps 40] [--set k=v ...]
+    python scripts/bench_train.py --config configs/base-gpu.yaml --steps 3 --repeat 8 \
+        --set train.compile=true
 
 Runs the real update step (`UpdateStep`, built here without a whole run) on the config's
 training data, after a few untimed warm-up steps, and prints:
@@ -17,6 +19,11 @@ training data, after a few untimed warm-up steps, and prints:
 - with `--profile N`: where N more updates spend their time, a `torch.profiler` table by
   operator (matrix multiplies, attention, softmax and cross-entropy, LayerNorm, dropout, the
   optimizer) with the batch assembly timed apart ("batch assembly").
+
+With `--repeat R` the timed window runs the same `--steps` updates R times, after running
+them once untimed: with `train.compile`, every shape they hold is compiled before the clock
+starts, and few shapes are compiled (each costs a compile of its own); time the eager updates
+the same way to compare.
 
 Under `torchrun --nproc_per_node N scripts/bench_train.py ...` every process trains its share
 of each update (DDP), and rank 0 prints each rank's tokens/s and their total.
@@ -40,9 +47,10 @@ from mtrain.core.distributed import Group
 from mtrain.data.pairs import Batch
 from mtrain.data.tokenizer import PAD_ID
 from mtrain.run.directory import build_model
+from mtrain.training import compiled
 from mtrain.training.data import TrainingData
 from mtrain.training.optim import build_optimizer
-from mtrain.training.update_step import LossSettings, UpdateStep
+from mtrain.training.update_step import LossSettings, UpdateStep, compiled_shapes
 
 
 def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:
@@ -126,6 +134,7 @@ def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Gr
         device=device,
         amp_dtype=amp_dtype,
         loss=LossSettings.of(cfg.train),
+        compiled_shapes=compiled_shapes(cfg.train, device, data.stream.grid.shapes),
     )
 
 
@@ -137,9 +146,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed updates first")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--profile", type=int, default=0, help="profile this many more updates")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="time the updates this many times over, warmed"
+    )
+    parser.add_argument(
+        "--compile-backend", default=compiled.BACKEND, help="torch.compile's, with train.compile"
+    )
     args = parser.parse_args()
 
     cfg = config.load(args.config, args.set)
+    compiled.BACKEND = args.compile_backend
     group = distributed.from_env()
     device = runtime.pick_device(args.device, group.local_rank)
     distributed.start(group, device, timeout_minutes=10)
@@ -176,16 +192,29 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    if args.repeat > 1:  # the same updates, run once untimed: every shape of theirs warmed
+        held = [next(updates) for _ in range(args.steps)]
+        start = time.perf_counter()
+        for update in held:
+            step(update)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        say(f"shapes warmed: {args.steps} updates in {time.perf_counter() - start:.1f} s")
+        repeated = iter(held * args.repeat)
     start = time.perf_counter()
-    for _ in range(args.steps):
+    for _ in range(args.steps * args.repeat):
         asked = time.perf_counter()
-        update = next(updates)
+        update = next(updates if args.repeat == 1 else repeated)
         waited += time.perf_counter() - asked
         step(update)
         timed += update.batches
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    if step.compiled is not None:
+        fast = step.compiled
+        say(f"compiled: {len(fast.seen)} shapes, {fast.compiles} graphs, {fast.recompiles} again")
 
     peak = max(peak, matmul_peak(shapes, device, dtype, say))
     vocab = data.tokenizer.tgt_vocab_size
@@ -198,9 +227,10 @@ def main() -> None:
     per_rank = group.gather(n_tokens / seconds)
     achieved = flops / seconds
     say(f"warm-up: {args.warmup} updates in {warmup_s:.1f} s")
-    say(f"timed: {args.steps} updates ({len(timed)} batches) in {seconds:.1f} s")
-    say(f"updates/s: {args.steps / seconds:.2f}")
-    say(f"waiting for the next update's batches: {1000 * waited / args.steps:.1f} ms an update")
+    n_updates = args.steps * args.repeat
+    say(f"timed: {n_updates} updates ({len(timed)} batches) in {seconds:.1f} s")
+    say(f"updates/s: {n_updates / seconds:.2f}")
+    say(f"waiting for the next update's batches: {1000 * waited / n_updates:.1f} ms an update")
     if sampling:
         wall, cpu = (1000 * sum(x) / len(sampling) for x in zip(*sampling))
         say(f"subword sampling, in the batch thread: {wall:.1f} ms a batch ({cpu:.1f} ms CPU)")

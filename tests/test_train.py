@@ -47,7 +47,7 @@ def test_accumulated_batches_give_the_gradient_of_one_big_batch(corpus, tmp_path
     indices = np.array(_indices(accumulating, update.batches))
     loss_parts = accumulating.update_step(update)
     loss_whole = whole.update_step(Update.of([whole.data.corpus.collate(indices)]))
-    assert loss_parts == pytest.approx(loss_whole, rel=1e-5)
+    assert float(loss_parts) == pytest.approx(float(loss_whole), rel=1e-5)
     for (name, a), b in zip(accumulating.model.named_parameters(), whole.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
 

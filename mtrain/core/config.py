@@ -113,6 +113,9 @@ class TrainConfig:
     skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
     # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32
     precision: Literal["auto", "fp32"] = "auto"
+    # true: compile a batch's forward and loss once per batch shape (torch.compile); auto: not
+    # yet on any device (slower on the CPU as measured, not measured on CUDA)
+    compile: Literal["auto", True, False] = "auto"
     # Sentences translated greedily at every validation, to watch the model learn: shown on
     # stderr and kept with their cross-attention in examples.jsonl. The dev sentences are a
     # count, not a list: they come from whichever dev corpus the config names.

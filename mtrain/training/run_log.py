@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -29,18 +30,23 @@ BUDGET_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]
 
 class TrainLog:
     """The training loss and learning rate, a record every LOG_EVERY updates in train.jsonl;
-    the loss is the mean per target token of the updates since the last record."""
+    the loss is the mean per target token of the updates since the last record.
+
+    The losses are summed where they are, on the device, and read back once a record."""
 
     def __init__(self, file):
         self.file = file  # None: log nothing (a rank other than 0)
-        self.loss_sum, self.tokens = 0.0, 0
+        self.loss_sum: torch.Tensor | float = 0.0
+        self.tokens = 0
 
-    def add(self, loss: float, n_target: int) -> None:
+    def add(self, loss: torch.Tensor | float, n_target: int) -> None:
+        if isinstance(loss, torch.Tensor):
+            loss = loss.double()  # as a float's sum was: the logged losses do not move
         self.loss_sum, self.tokens = self.loss_sum + loss * n_target, self.tokens + n_target
 
     def write(self, step: int, minutes: float, lr: float) -> float:
         """Record the mean loss since the last record, and return it."""
-        loss = self.loss_sum / self.tokens  # label-smoothed, as the updates minimised it
+        loss = float(self.loss_sum) / self.tokens  # label-smoothed, as the updates minimised it
         if self.file is not None:
             record = {"event": "train", "step": step, "minutes": minutes, "loss": loss, "lr": lr}
             self.file.write(jsonl.dumps(record))
@@ -107,8 +113,11 @@ class RunLog:
         """Count tokens/s afresh from now (after a validation: training time only)."""
         self.window_tokens, self.window_start = 0, time.monotonic()
 
-    def update(self, update: Update, loss: float, step: int, minutes: float, lr: float) -> None:
-        """Show a finished update; every LOG_EVERY steps, record the loss and learning rate."""
+    def update(
+        self, update: Update, loss: torch.Tensor | float, step: int, minutes: float, lr: float
+    ) -> None:
+        """Show a finished update; every LOG_EVERY steps, record the loss and learning rate
+        (the only steps that read the loss back from the device)."""
         self.window_tokens += update.n_tokens  # of all processes
         self.train_log.add(loss, update.n_target)
         # The end moves as the plan or the speed does: never shown behind the step.
@@ -116,7 +125,7 @@ class RunLog:
         self.bar.update(1)
         if step % LOG_EVERY == 0:
             tok_s = self.window_tokens / (time.monotonic() - self.window_start)
-            self.show(loss, lr, tok_s, minutes)
+            self.show(float(loss), lr, tok_s, minutes)
             mean_loss = self.train_log.write(step, minutes, lr)
             if self.tensorboard:
                 self.tensorboard.train(step, mean_loss, lr, tok_s)

@@ -25,7 +25,7 @@ from mtrain.model.transformer import Transformer
 from mtrain.training.budget_recipe import BudgetRecipe, Choice
 from mtrain.training.coordinator import Action, Coordinator, Finished
 from mtrain.training.data import TrainingData, Update
-from mtrain.training.run_log import RunLog, run_log, trim_logs
+from mtrain.training.run_log import LOG_EVERY, RunLog, run_log, trim_logs
 from mtrain.training.state import Checkpoints, Progress, RunClock, TrainingState
 from mtrain.training.update_step import NonFiniteLoss, OutOfMemory, UpdateStep
 from mtrain.training.validation import Validation, Validator
@@ -83,8 +83,7 @@ class Trainer:
         return self.update_step.skipped
 
     @property
-    def choice(self) -> Choice | None:
-        """What the run chose from its plan (budget_recipe.py); None: not planned yet."""
+    def choice(self) -> Choice | None:  # what the run chose from its plan; None: not yet
         return self.state.choice
 
     def state_dict(self, rng: list[dict], validated: bool = False) -> dict:
@@ -145,10 +144,9 @@ class Trainer:
             if self.step >= coordinator.last_step:
                 break
             lr = self.state.schedule.lr  # this update's (the next's after)
-            try:
+            with kept_on_failure(self.checkpoints):
                 loss = self.update_step(update)
-            except (NonFiniteLoss, OutOfMemory) as e:
-                raise type(e)(f"{e}; {self.checkpoints.kept()}") from None
+                self.update_step.check_finite(every=LOG_EVERY)  # the log reads no NaN
             if self.step % RELEASE_MEMORY_EVERY == 0:
                 runtime.release_freed_memory()
             coordinator.plan(self.step, minutes())
@@ -158,6 +156,8 @@ class Trainer:
             action = coordinator.next_action(self.step, minutes(), loss is not None)
             if action is Action.GO:
                 continue
+            with kept_on_failure(self.checkpoints):  # no checkpoint after a NaN loss
+                self.update_step.check_finite()
             rng = self.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
             if action in (Action.INTERRUPT, Action.STOP):
                 if main:
@@ -203,3 +203,13 @@ class Trainer:
         if improved:
             self.checkpoints.make_average_best()
         logs.validation("average", val, improved, steps=averaged["steps"])
+
+
+@contextlib.contextmanager
+def kept_on_failure(checkpoints: Checkpoints) -> Iterator[None]:
+    """Within this block, a non-finite loss or running out of memory says which checkpoint is
+    left."""
+    try:
+        yield
+    except (NonFiniteLoss, OutOfMemory) as e:
+        raise type(e)(f"{e}; {checkpoints.kept()}") from None

@@ -1,6 +1,11 @@
 """The update step: one optimizer update from the summed gradients of an update's batches (one
 all-reduce under DDP, mixed precision, clipping), and what becomes of an update that runs out
-of memory or whose loss is not finite."""
+of memory or whose loss is not finite.
+
+An update never waits for the device: its loss stays there (the run log sums it and reads it
+at its log steps), and a non-finite loss is noted there too and read by `check_finite` at the
+log steps and before a checkpoint. Only `train.skip_nonfinite`, which must decide before the
+optimizer steps, reads each update's loss back."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from mtrain.core import runtime
 from mtrain.core.config import TrainConfig
 from mtrain.core.distributed import Group
 from mtrain.data.pairs import Batch
+from mtrain.training.compiled import Compiled, compiles_on
 from mtrain.training.data import Update
 from mtrain.training.moving_average import MovingAverage
 from mtrain.training.optim import Schedule, loss_fn
@@ -64,15 +70,27 @@ class UpdateStep:
         step: int = 0,
         skipped: int = 0,
         average: MovingAverage | None = None,
+        compiled_shapes: int = 0,
     ):
         """`net` is `model`, or `model` wrapped in DistributedDataParallel; `step` and
         `skipped` count the updates done and skipped before (a resumed run's); `average`, if
-        any, follows the weights after every update."""
+        any, follows the weights after every update; `compiled_shapes`, if not 0, compiles a
+        batch's forward and loss for each of the batch grid's that many shapes
+        (`train.compile`, in a single process)."""
         self.net, self.model, self.optimizer, self.scaler = net, model, optimizer, scaler
         self.schedule, self.group, self.device, self.amp_dtype = schedule, group, device, amp_dtype
         self.loss, self.average = loss, average
+        self.compiled = None
+        if compiled_shapes and group.active:
+            log.warning("train.compile: not under torchrun yet; the updates run eagerly")
+        elif compiled_shapes:
+            self.compiled = Compiled(self.batch_loss, compiled_shapes)
         self.step = step  # optimizer updates done
         self.skipped = skipped  # updates skipped for running out of memory or a non-finite loss
+        # The first update since the last check whose loss was not finite (0: none), and that
+        # loss, kept on the device: see `check_finite`.
+        self.non_finite_step = torch.zeros((), dtype=torch.long, device=device)
+        self.non_finite_loss = torch.zeros((), device=device)
 
     @classmethod
     def of(
@@ -99,13 +117,15 @@ class UpdateStep:
             step=progress.step,
             skipped=progress.skipped,
             average=state.average,
+            compiled_shapes=compiled_shapes(cfg, device, state.data.stream.grid.shapes),
         )
 
-    def __call__(self, update: Update) -> float | None:
+    def __call__(self, update: Update) -> torch.Tensor | None:
         """One optimizer update from the summed gradients of the update's batches.
 
-        Returns the mean loss per target token, or None when the update was skipped (out of
-        memory in a single process, or a non-finite loss with `train.skip_nonfinite`).
+        Returns the mean loss per target token, a () tensor on the device, or None when the
+        update was skipped (out of memory in a single process, or a non-finite loss with
+        `train.skip_nonfinite`).
         """
         self.model.train()
         batches = [batch.to(self.device) for batch in update.batches]
@@ -115,9 +135,13 @@ class UpdateStep:
         except torch.cuda.OutOfMemoryError:
             return self.out_of_memory(update)
         # Every rank sees the same total, so every rank takes the same decision below.
-        mean_loss = self.group.sum(total).item() / self.group.world_size
-        if not math.isfinite(mean_loss):
-            return self.non_finite(update, mean_loss)
+        mean_loss = self.group.sum(total) / self.group.world_size  # ()
+        if self.loss.skip_nonfinite:
+            value = mean_loss.item()  # the one read per update: skipping is decided here
+            if not math.isfinite(value):
+                return self.non_finite(update, value)
+        else:
+            self.note_non_finite(mean_loss)
         self.scaler.unscale_(self.optimizer)
         clip_norm = self.loss.clip_norm
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm, foreach=True)
@@ -134,21 +158,45 @@ class UpdateStep:
         (`n_target` on all processes) weighing the same; return this process's share of the
         mean loss."""
         group = self.group
+        batch_loss = self.compiled or self.batch_loss
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             # DDP all-reduces the gradients in the backward of the last batch only.
             last = i == len(batches) - 1
             with nullcontext() if last or not group.active else self.net.no_sync():
-                with runtime.autocast(self.device, self.amp_dtype):
-                    logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
-                # The label-smoothed loss summed over the batch's tokens.
-                loss = loss_fn(logits, batch.tgt_out, self.loss.label_smoothing, "sum")
-                loss = loss / n_target
+                loss = batch_loss(batch.src, batch.tgt_in, batch.tgt_out) / n_target
                 if group.active:  # DDP averages the ranks' gradients: undo the mean
                     loss = loss * group.world_size
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         return total
+
+    def note_non_finite(self, mean_loss: torch.Tensor) -> None:
+        """Note on the device, without waiting for it, whether this update's loss is the first
+        non-finite one since the last check."""
+        first = ~torch.isfinite(mean_loss) & (self.non_finite_step == 0)  # ()
+        self.non_finite_step = torch.where(first, self.step + 1, self.non_finite_step)
+        self.non_finite_loss = torch.where(first, mean_loss.float(), self.non_finite_loss)
+
+    def check_finite(self, every: int = 1) -> None:
+        """Stop with one line if an update's loss was not finite (without
+        `train.skip_nonfinite`); it reads the device, so the loop calls it only at steps that
+        are multiples of `every` (its log steps) and before a checkpoint, which then holds no
+        update after the bad one."""
+        if self.step % every:
+            return
+        step = int(self.non_finite_step.item())
+        if step:
+            loss = self.non_finite_loss.item()
+            raise NonFiniteLoss(f"step {step}: the loss is {loss}; training stopped")
+
+    def batch_loss(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor
+    ) -> torch.Tensor:
+        """The label-smoothed loss of a batch, summed over its target tokens."""
+        with runtime.autocast(self.device, self.amp_dtype):
+            logits = self.net(src, tgt_in)  # (B, T, V)
+        return loss_fn(logits, tgt_out, self.loss.label_smoothing, "sum")
 
     def out_of_memory(self, update: Update) -> None:
         """Skip the update in a single process; among several, stop with one line."""
@@ -164,10 +212,8 @@ class UpdateStep:
         self.skip(update, "out of memory")
 
     def non_finite(self, update: Update, mean_loss: float) -> None:
-        """Skip the update with `train.skip_nonfinite`; else stop with one line."""
+        """Skip the update (`train.skip_nonfinite`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if not self.loss.skip_nonfinite:
-            raise NonFiniteLoss(f"step {self.step + 1}: the loss is {mean_loss}; training stopped")
         self.skip(update, f"loss is {mean_loss}")
 
     def skip(self, update: Update, reason: str) -> None:
@@ -180,6 +226,11 @@ class UpdateStep:
             reason,
             self.skipped,
         )
+
+
+def compiled_shapes(cfg: TrainConfig, device: torch.device, grid: list) -> int:
+    """The shapes to compile a batch's forward and loss for (`train.compile`); 0: none."""
+    return len(grid) if compiles_on(cfg.compile, device) else 0
 
 
 def shapes(update: Update) -> str:
