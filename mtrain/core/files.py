@@ -324,6 +324,24 @@ class DirectoryLock:
             self.file = None
 
 
+def lock_holder(directory: Path) -> str | None:
+    """Who holds `directory`'s DirectoryLock now (its pid and host), or None: no process does.
+    Only looks: the lock file is opened for reading, never created or taken."""
+    try:
+        f = (directory / LOCK_FILE).open(encoding="utf-8")
+    except OSError:
+        return None
+    with f:
+        if fcntl is None:
+            return None
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "unknown"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
 def lock_beside(directory: Path) -> DirectoryLock:
     """The lock of a directory that is replaced whole: a file beside it, removed when done."""
     return DirectoryLock(directory, directory.with_name(f".{directory.name}.lock"))

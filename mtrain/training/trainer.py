@@ -25,6 +25,7 @@ from mtrain.core import runtime
 from mtrain.core.config import Config
 from mtrain.core.distributed import Group
 from mtrain.run.directory import build_model, write_config
+from mtrain.run.lineage import Parent, share
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.coordinator import Action, Coordinator, Finished, patience
 from mtrain.training.data import TrainingData, Update
@@ -71,9 +72,11 @@ class Trainer:
         clock: Callable[[], float] = time.monotonic,
         make_step: type[UpdateStep] = UpdateStep,
         make_validator: Callable[..., Validator] = Validator,
+        parent: Parent | None = None,
     ):
         """Under torchrun every process builds one; rank 0 alone writes the run directory and
-        sends the others its tokenizer and checkpoint. Tests replace `clock` (s) and the makers."""
+        sends the others its tokenizer and checkpoint (and the `parent` run a new run starts
+        from, which it reads if not given). Tests replace `clock` (s) and the makers."""
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
         self.group = group = group or Group()
         self.checkpoints = Checkpoints(run_dir, cfg.train)
@@ -84,10 +87,13 @@ class Trainer:
         self.clock, self.start = clock, clock()
         runtime.set_seed(cfg.train.seed)
         runtime.configure(device)
-        self.data = data = TrainingData(cfg, run_dir, group, resume)
+        parent = share(cfg, parent, resume, group)  # None on a resume: last.pt holds the rest
+        self.data = data = TrainingData(cfg, run_dir, group, resume, parent)
         self.tokenizer, self.corpus, self.stream = data.tokenizer, data.corpus, data.stream  # tests
         self.amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
         self.model = build_model(cfg, data.tokenizer).to(device)
+        if parent is not None:  # before the moving average copies the weights
+            self.model.load_state_dict(parent.weights)
         n_params = sum(p.numel() for p in self.model.parameters())
         dtype = str(self.amp_dtype or torch.float32).removeprefix("torch.")
         log.info("model has %.1fM parameters, training on %s in %s", n_params / 1e6, device, dtype)
@@ -107,6 +113,7 @@ class Trainer:
             fingerprint,
             dtype,
             average,
+            parent=parent and parent.record,
         )
         progress = self.resume() if resume else Progress()
         if not resume and group.rank:  # the same initial weights everywhere, other dropout masks
@@ -234,6 +241,11 @@ class Trainer:
         """What the run chose from its plan (budget_recipe.py); None: not planned yet."""
         return self.state.choice
 
+    @property
+    def parent(self) -> dict | None:
+        """The record of the run this one started from (run/lineage.py); None: its own."""
+        return self.state.parent
+
     def follow_plan(self, coordinator: Coordinator) -> None:
         """Once the run's end is first planned, take what the plan chooses (the dropout), say
         so and record it in the run's config.yaml; every rank plans alike, so chooses alike."""
@@ -244,7 +256,7 @@ class Trainer:
         self.model.set_dropout(choice.dropout)
         if self.group.is_main:
             log.info("%s", choice.describe(self.cfg))
-            write_config(self.run_dir, self.cfg, choice.to_dict())
+            write_config(self.run_dir, self.cfg, choice.to_dict(), self.parent)
 
     def validate_and_save(self, coordinator: Coordinator, logs: RunLog, rng: list[dict]) -> None:
         """Validate (rank 0), keep the best dev BLEU, write the checkpoints and log the scores."""
