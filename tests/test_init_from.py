@@ -266,7 +266,7 @@ def test_a_bad_parent_is_one_line_and_nothing_is_written(parent, own_corpus, tmp
 def test_a_parent_in_training_is_read_as_it_is(parent, own_corpus, tmp_path):
     """Its checkpoints are replaced whole: what the run reads is one of them, and it says so."""
     with DirectoryLock(parent):  # as a training process holds it
-        status, _, stderr = run_cli(
+        done = mtrain(
             "train",
             "--config",
             "configs/tiny.yaml",
@@ -276,9 +276,9 @@ def test_a_parent_in_training_is_read_as_it_is(parent, own_corpus, tmp_path):
             str(parent),
             *sets(child_settings(own_corpus, max_steps=1)),
         )
-    assert status == 0, stderr
-    assert f"{parent} is being trained now (pid " in stderr
-    assert "starting from best.pt as it is at this moment" in stderr
+    assert done.returncode == 0, done.stderr
+    assert f"{parent} is being trained now (pid " in done.stderr
+    assert "starting from best.pt as it is at this moment" in done.stderr
 
 
 def python_mtrain_train(out: Path, init_from: Path, settings: list[str]) -> list[str]:

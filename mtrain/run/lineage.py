@@ -83,9 +83,12 @@ def read_parent(spec: str) -> Parent:
 
 
 def _read(path: Path) -> Parent:
-    if not path.exists() and not path.parent.is_dir():
+    if path.is_dir():
+        run, name = path, BEST
+    elif path.exists() or (path.parent / CONFIG_FILE).is_file():  # RUN/CHECKPOINT
+        run, name = path.parent, path.name
+    else:
         raise CheckpointError(f"{path}: no such run")
-    run, name = (path, BEST) if path.is_dir() else (path.parent, path.name)
     if (run / EXPORT_MODEL).is_file() and not (run / CONFIG_FILE).is_file():
         raise CheckpointError(
             f"{run}: a CTranslate2 export, which translates but does not train; name the run "
