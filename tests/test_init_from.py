@@ -188,9 +188,7 @@ def refused(init_from: str, own_corpus, tmp_path, *settings: str) -> str:
     return one_error_line(stderr)
 
 
-def test_a_config_that_sets_the_parents_sections_otherwise_is_refused(
-    parent, own_corpus, tmp_path
-):
+def test_a_config_that_sets_the_parents_sections_otherwise_is_refused(parent, own_corpus, tmp_path):
     line = refused(str(parent), own_corpus, tmp_path, "model.d_model=32")
     assert f"train.init_from: model.d_model is 32 here and 64 in {parent}" in line
     line = refused(str(parent), own_corpus, tmp_path, "tokenizer.vocab_size=400")

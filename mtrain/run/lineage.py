@@ -212,12 +212,18 @@ def recorded(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         record = None
     parent = record.get(PARENT) if isinstance(record, dict) else None
-    if isinstance(parent, dict):
+    if is_record(parent):
         return parent
     for name in (LAST, BEST):
         try:
             parent = peek_checkpoint(run_dir / name).get(PARENT)
         except CheckpointError:
             continue
-        return parent if isinstance(parent, dict) else None
+        return parent if is_record(parent) else None
     return None
+
+
+def is_record(parent: Any) -> bool:
+    """Whether `parent` is a record as `read_parent` makes them (not one a hand damaged)."""
+    kinds = {"run": str, "checkpoint": str, "step": int, "weights": str}
+    return isinstance(parent, dict) and all(isinstance(parent.get(k), t) for k, t in kinds.items())
