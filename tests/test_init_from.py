@@ -26,7 +26,7 @@ from mtrain.training.trainer import Trainer
 from .console import mtrain
 from .synthetic import REPO, number_pairs, overrides
 from .test_distributed import ENV as TORCHRUN_ENV
-from .test_distributed import torchrun
+from .test_distributed import free_port, start_rank, torchrun
 
 CPU = torch.device("cpu")
 
@@ -323,3 +323,17 @@ def test_two_processes_take_the_parent_from_rank_0(parent, own_corpus, tmp_path)
     assert state["step"] == 4 and len(state["rng"]) == 2
     assert state["parent"]["run"] == str(parent)
     assert yaml.safe_load((out / "config.yaml").read_text())["parent"] == state["parent"]
+
+
+def test_rank_1_needs_no_access_to_the_parent(parent, own_corpus, tmp_path):
+    """Two machines without a shared disk: the parent's path leads nowhere on rank 1's."""
+    port, runs = free_port(), [tmp_path / "run", tmp_path / "elsewhere"]
+    settings = child_settings(own_corpus, max_steps=4)
+    procs = []
+    for rank, init_from in enumerate([parent, tmp_path / "not-on-this-machine"]):
+        settings_of_rank = [*settings, f"train.init_from={init_from}"]
+        procs.append(start_rank(rank, port, ["-m", "mtrain"], runs[rank], settings_of_rank))
+    stderr = [proc.communicate(timeout=300)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], stderr
+    assert load_checkpoint(runs[0] / "last.pt")["parent"]["run"] == str(parent)
+    assert not runs[1].exists()
