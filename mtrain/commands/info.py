@@ -48,10 +48,14 @@ def info(
     setup_logging()
     if run is not None and config_path is not None:
         fail("give a run or --config, not both")
+    parent = None
     if config_path is not None:
         cfg, tokenizer, summary = config.load(config_path), None, None
     else:
+        from mtrain.run import lineage
+
         run, cfg, tokenizer, summary = read_run(run)
+        parent = lineage.recorded(run)
     model = build_model(cfg, tokenizer)
     parts = parameter_map.parts(model)
     tokenizers = {
@@ -69,11 +73,16 @@ def info(
             "parts": [dataclasses.asdict(p) for p in parts],
             "tokenizer": tokenizers,
             "training": summary,
+            "parent": parent,
             "config": cfg.to_dict(),
         }
         typer.echo(json.dumps(result, ensure_ascii=False))
         return
     typer.echo(f"{run or config_path}: {cfg.data.src_lang}→{cfg.data.tgt_lang} Transformer")
+    if parent is not None:
+        from mtrain.run.lineage import describe
+
+        typer.echo(describe(parent))
     echo_text(cfg, parts, tokenizers, summary)
 
 

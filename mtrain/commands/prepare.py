@@ -27,10 +27,16 @@ def prepare(
     training file, the tokenizer settings or the cleaning rules changed); run it ahead to
     prepare a large corpus once, on the machine and at the time of your choosing. It also
     reads every prepared file back, and prepares again a directory a disk or a copy damaged.
+    A config with train.init_from encodes with that run's tokenizer, as its training will.
     """
     from mtrain.data.prepare import prepare as prepare_corpus  # keeps other commands light
 
     setup_logging()
     cfg = config.load(config_path, overrides or [], require_data=True)
     resolve_data(cfg, config_path)
-    typer.echo(str(prepare_corpus(cfg, repair=True)))
+    tokenizer = None
+    if cfg.train.init_from:
+        from mtrain.run.lineage import parent_of
+
+        tokenizer = parent_of(cfg, config_path, overrides or []).tokenizer()
+    typer.echo(str(prepare_corpus(cfg, repair=True, tokenizer=tokenizer)))

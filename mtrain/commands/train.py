@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from mtrain.core.distributed import Group
+    from mtrain.run.lineage import Parent
 
 # Keys a resumed run may change: its limits, its precision, and where prepared corpora are kept.
 RESUMABLE_KEYS = {
@@ -84,6 +87,15 @@ def train(
             "start-up, where rank 0 prepares the corpus, may take up to a day).",
         ),
     ] = 5.0,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-from",
+            help="Start from another run's weights, tokenizers, model and tokenizer sections: "
+            "RUN (its best.pt) or RUN/CHECKPOINT; the same as --set train.init_from=RUN. The "
+            "optimizer, schedule, batch order, dropout and data are this run's own.",
+        ),
+    ] = None,
 ) -> None:
     """Train a model; writes config, tokenizers, checkpoints and metrics into a run directory.
 
@@ -96,16 +108,27 @@ def train(
 
     group = distributed.from_env()
     setup_logging(quiet=not group.is_main)
-    cfg = config.load(config_path, overrides or [], require_data=True)
+    overrides = [
+        *(overrides or []),
+        *([f"train.init_from={json.dumps(str(init_from))}"] if init_from else []),
+    ]
+    cfg = config.load(config_path, overrides, require_data=True)
     tensorboard_log.require(cfg.train)
     torch_device = runtime.pick_device(device, group.local_rank)
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     resolve_data(cfg, config_path)
+    parent = None
+    if cfg.train.init_from:  # checked before anything is written; rank 0 alone reads it
+        from mtrain.run import lineage
+
+        cfg.train.init_from = os.path.abspath(cfg.train.init_from)
+        if group.is_main:
+            parent = lineage.start(cfg, run_dir, config_path, overrides)
     if group.is_main:
         check_out(run_dir)
     distributed.start(group, torch_device, peer_timeout)
     try:
-        best = run_training(cfg, run_dir, torch_device, group)
+        best = run_training(cfg, run_dir, torch_device, group, parent)
     finally:
         distributed.stop(group)
     if group.is_main:
@@ -113,9 +136,12 @@ def train(
         typer.echo(str(run_dir))
 
 
-def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group) -> float:
-    """Train into `run_dir` as this process of `group`; return the best dev BLEU. Each way a
-    run stops early becomes one line, but for a bug, which keeps its traceback."""
+def run_training(
+    cfg: Config, run_dir: Path, device: torch.device, group: Group, parent: Parent | None = None
+) -> float:
+    """Train into `run_dir` as this process of `group` (from `parent`'s weights, if given);
+    return the best dev BLEU. Each way a run stops early becomes one line, but for a bug,
+    which keeps its traceback."""
     from mtrain.core import distributed
     from mtrain.training.build import build_trainer
     from mtrain.training.trainer import Interrupted, NonFiniteLoss, OutOfMemory, RunFileError
@@ -124,10 +150,11 @@ def run_training(cfg: Config, run_dir: Path, device: torch.device, group: Group)
         # Rank 0 alone owns the run directory; the others get what they need from it.
         with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
             resume = group.is_main and open_run(run_dir, cfg)
-            trainer = build_trainer(cfg, run_dir, device, resume, group)
+            trainer = build_trainer(cfg, run_dir, device, resume, group, parent=parent)
             if group.is_main:
                 chosen = trainer.choice and trainer.choice.to_dict()
-                write_config(run_dir, cfg, chosen)  # once the run is known to be resumable
+                # once the run is known to be resumable
+                write_config(run_dir, cfg, chosen, trainer.state.parent)
             return trainer.run()
     except (NonFiniteLoss, OutOfMemory, RunFileError) as e:
         fail(str(e))

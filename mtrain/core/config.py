@@ -122,6 +122,9 @@ class TrainConfig:
     examples: list[str] = field(default_factory=lambda: ["我是谁"])
     dev_examples: int = 3  # short dev sentences added to them, with their references
     tensorboard: bool = False  # also write TensorBoard event files (the tensorboard extra)
+    # A run (its best.pt) or RUN/CHECKPOINT whose weights, tokenizers, `model` and `tokenizer`
+    # sections this run starts from; "": random weights. The rest is this config's.
+    init_from: str = ""
 
 
 # The largest length penalty exponent, for config, command line and API alike: GNMT's values are
@@ -306,6 +309,8 @@ def _check_ranges(cfg: Config) -> None:
 # The section of a run's config.yaml where the run records what it chose from its plan
 # (budget_recipe.py); not config: loading a run's config.yaml as a config skips it.
 CHOSEN = "chosen"
+# The section where a run started from another's weights records that parent (run/lineage.py).
+PARENT = "parent"
 SEEDS = 1 << 64  # the seeds every generator takes
 # Example sentences per validation, of each kind (train.examples, train.dev_examples): 64 greedy
 # translations at most, against the 13,470 hypotheses of a default validation (2,245 dev
@@ -428,6 +433,7 @@ def load(path: Path, overrides: list[str] = (), require_data: bool = False) -> C
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     raw.pop(CHOSEN, None)  # a run's record of its own choices: a new run makes its own
+    raw.pop(PARENT, None)  # and of the run it started from
     for assignment in overrides:
         try:
             apply_override(raw, assignment)

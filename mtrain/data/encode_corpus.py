@@ -60,18 +60,22 @@ def encode_corpus(
     workers: int,
     progress: bool = True,
     digests: dict[Path, Any] | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> dict:
     """Write the tokenizer and the token files of `cfg`'s training corpora into `out`; return
     what the manifest records of them: counts, tokens, tokenizer, dtype, checksums and timings.
-    `progress` shows bars on stderr; `digests` gains the SHA-256 of every training file."""
+    `progress` shows bars on stderr; `digests` gains the SHA-256 of every training file;
+    `tokenizer`: the models to encode with (a parent run's), written as they are, not trained."""
     d = cfg.data
     began = time.monotonic()
     train = corpora(d.train, d.swap_columns)
     sample, n_lines = _sample(train, cfg, progress, digests)
     sampled = time.monotonic()
-    tokenizer = Tokenizer.train(
-        [s for s, _ in sample], [t for _, t in sample], cfg.tokenizer, d.src_lang, d.tgt_lang, out
-    )
+    if tokenizer is None:
+        src, tgt = [s for s, _ in sample], [t for _, t in sample]
+        tokenizer = Tokenizer.train(src, tgt, cfg.tokenizer, d.src_lang, d.tgt_lang, out)
+    else:
+        tokenizer.write(out)
     del sample
     trained = time.monotonic()
     vocab = tokenizer.vocab_sizes()

@@ -29,19 +29,22 @@ from mtrain.data.prepared import (
     sha256,
     write_manifest,
 )
+from mtrain.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 CGROUP = Path("/sys/fs/cgroup")
 
 
-def prepared_dir(cfg: Config) -> Path:
+def prepared_dir(cfg: Config, tokenizer: Tokenizer | None = None) -> Path:
     """Where the training corpora of `cfg` are prepared: named for everything that shapes the
-    prepared bytes, so another tokenizer or cleaning setting never reuses them."""
-    return Path(cfg.data.prepared_dir) / f"{Path(corpora(cfg.data.train)[0].path).stem}-{_key(cfg)}"
+    prepared bytes, so another tokenizer or cleaning setting never reuses them. `tokenizer`:
+    the corpora are encoded with these models (a parent run's), not with ones trained here."""
+    stem = Path(corpora(cfg.data.train)[0].path).stem
+    return Path(cfg.data.prepared_dir) / f"{stem}-{_key(cfg, tokenizer)}"
 
 
-def _key(cfg: Config) -> str:
+def _key(cfg: Config, tokenizer: Tokenizer | None) -> str:
     d, t = cfg.data, cfg.tokenizer
     shaping = {
         "format": FORMAT,
@@ -50,7 +53,7 @@ def _key(cfg: Config) -> str:
         "heldout": [str(c) for key in ("dev", "test") for c in corpora(getattr(d, key))],
         "langs": [d.src_lang, d.tgt_lang],
         "lengths": [d.max_src_len, d.max_tgt_len, d.max_len_ratio],
-        "tokenizer": vars(t),
+        "tokenizer": vars(t) if tokenizer is None else tokenizer.fingerprint(),
     }
     return sha256(json.dumps(shaping, sort_keys=True))[:12]
 
@@ -107,7 +110,11 @@ def _manifest_or_none(target: Path) -> dict | None:
 
 
 def prepare(
-    cfg: Config, workers: int | None = None, repair: bool = False, progress: bool = True
+    cfg: Config,
+    workers: int | None = None,
+    repair: bool = False,
+    progress: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> Path:
     """Prepare the training corpora of `cfg` unless they already are; return the directory.
 
@@ -115,9 +122,9 @@ def prepare(
     a lock, so an interrupted prepare is never taken for a finished one and two processes
     never prepare the same corpus at once. A prepared directory whose files disagree is
     refused, or with `repair` (`mtrain prepare`, which also reads every token file) prepared
-    again. `progress`: bars on stderr.
+    again. `progress`: bars on stderr. `tokenizer`: encode with it rather than train one.
     """
-    target = prepared_dir(cfg)
+    target = prepared_dir(cfg, tokenizer)
     _make_root(Path(cfg.data.prepared_dir))
     with wait_for_lock(target.with_name(f".{target.name}.lock"), f"a prepare of {target}"):
         recover_directory(target, is_prepared, "prepared corpus")  # what a killed one left
@@ -134,7 +141,7 @@ def prepare(
                     raise
                 log.warning("%s: damaged (%s); preparing it again", target, e.reason)
         try:
-            manifest = _prepare(cfg, target, inputs, workers, progress)
+            manifest = _prepare(cfg, target, inputs, workers, progress, tokenizer)
         except OSError as e:  # a full disk, say: name the directory, not a hidden file in it
             if e.filename is None or f".{target.name}." in str(e.filename):
                 raise OSError(e.errno, e.strerror, str(target)) from None
@@ -170,7 +177,12 @@ def _make_root(root: Path) -> None:
 
 
 def _prepare(
-    cfg: Config, target: Path, inputs: list[dict], workers: int | None, progress: bool
+    cfg: Config,
+    target: Path,
+    inputs: list[dict],
+    workers: int | None,
+    progress: bool,
+    tokenizer: Tokenizer | None,
 ) -> dict:
     """Prepare into a temporary directory and rename it to `target`; return its manifest."""
     tmp = tmp_path(target)
@@ -178,7 +190,8 @@ def _prepare(
     tmp.mkdir()
     try:
         digests: dict[Path, Any] = {}
-        encoded = encode_corpus(cfg, tmp, workers or available_cpus(), progress, digests)
+        cpus = workers or available_cpus()
+        encoded = encode_corpus(cfg, tmp, cpus, progress, digests, tokenizer)
         _check_unchanged(inputs)
         for item in inputs:
             if "sha256" not in item:  # hashed while sampled, or a dev or test file

@@ -156,6 +156,12 @@ class Tokenizer:
         load = spm.SentencePieceProcessor
         return cls(load(model_proto=src), load(model_proto=tgt))
 
+    def write(self, out_dir: Path) -> Tokenizer:
+        """Write both models into `out_dir` (a run or a prepared corpus), as `load` reads them."""
+        write_atomic(out_dir / SRC_MODEL, self.src.serialized_model_proto())
+        write_atomic(out_dir / TGT_MODEL, self.tgt.serialized_model_proto())
+        return self
+
     def protos(self) -> tuple[bytes, bytes]:
         """Both models, serialised: what another process needs to rebuild this tokenizer."""
         return self.src.serialized_model_proto(), self.tgt.serialized_model_proto()

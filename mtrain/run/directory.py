@@ -72,6 +72,7 @@ ENTRIES = {
     "skipped": int,
     "minutes": (int, float),
     "finished": dict,
+    "parent": dict,  # the run it started from (run/lineage.py)
 }
 
 
@@ -192,12 +193,20 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         "tokenizer": states[0].get("tokenizer"),
         "step": steps[-1],
         "steps": steps,
+        "parent": states[0].get("parent"),
     }
 
 
-def write_config(run_dir: Path, cfg: Config, chosen: dict[str, Any] | None = None) -> None:
-    """The run's config.yaml: its config, and what the run chose from its plan (`chosen`)."""
+def write_config(
+    run_dir: Path,
+    cfg: Config,
+    chosen: dict[str, Any] | None = None,
+    parent: dict[str, Any] | None = None,
+) -> None:
+    """The run's config.yaml: its config, what the run chose from its plan (`chosen`), and the
+    run it started from (`parent`, run/lineage.py)."""
     record = cfg.to_dict() | ({config_mod.CHOSEN: chosen} if chosen else {})
+    record |= {config_mod.PARENT: parent} if parent else {}
     text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
     write_atomic(run_dir / CONFIG_FILE, text)
 

@@ -22,7 +22,8 @@ from mtrain.core import runtime
 from mtrain.core.config import Config, TrainConfig
 from mtrain.core.distributed import Group
 from mtrain.run.directory import build_model, write_config
-from mtrain.training.budget_recipe import BudgetRecipe
+from mtrain.run.lineage import Parent, share
+from mtrain.training.budget_recipe import BudgetRecipe, Choice
 from mtrain.training.coordinator import Coordinator, patience
 from mtrain.training.data import TrainingData
 from mtrain.training.moving_average import MovingAverage
@@ -52,27 +53,31 @@ def build_trainer(
     clock: Callable[[], float] = time.monotonic,
     make_step: type[UpdateStep] = UpdateStep,
     make_validator: Callable[..., Validator] = Validator,
+    parent: Parent | None = None,
 ) -> Trainer:
     """The trainer of one run into `run_dir`, resumed from its last.pt if `resume`. Under
     torchrun every process builds one; rank 0 alone writes the run directory and sends the
-    others its tokenizer and checkpoint. Tests replace `clock` (s) and the makers."""
+    others its tokenizer and checkpoint (and the `parent` run a new run starts from, which it
+    reads if not given). Tests replace `clock` (s) and the makers."""
     group = group or Group()
     checkpoints = Checkpoints(run_dir, cfg.train)
     resume = agreed_resume(checkpoints, resume, group)
     run_clock = RunClock(clock)
     runtime.set_seed(cfg.train.seed)
     runtime.configure(device)
-    data = TrainingData(cfg, run_dir, group, resume)
+    parent = share(cfg, parent, resume, group)  # None on a resume: last.pt holds the rest
+    data = TrainingData(cfg, run_dir, group, resume, parent)
     amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
-    state = training_state(cfg, data, device, amp_dtype)
+    state = training_state(cfg, data, device, amp_dtype, parent)
     progress = resumed(state, checkpoints, group, cfg.train) if resume else Progress()
     run_clock.before = progress.minutes
     if not resume and group.rank:  # the same initial weights everywhere, other dropout masks
         torch.manual_seed(cfg.train.seed + group.rank)
-    record = (
-        (lambda choice: write_config(run_dir, cfg, choice.to_dict())) if group.is_main else None
-    )
-    recipe = BudgetRecipe(cfg, state.model, record)
+
+    def record(choice: Choice) -> None:
+        write_config(run_dir, cfg, choice.to_dict(), state.parent)
+
+    recipe = BudgetRecipe(cfg, state.model, record if group.is_main else None)
     recipe.keep(state.choice)  # resumed after the plan chose: train on as it chose
     group.end_startup()
     # The network the updates run through: under torchrun, DDP all-reduces its gradients.
@@ -105,11 +110,18 @@ def agreed_resume(checkpoints: Checkpoints, resume: bool, group: Group) -> bool:
 
 
 def training_state(
-    cfg: Config, data: TrainingData, device: torch.device, amp_dtype: torch.dtype | None
+    cfg: Config,
+    data: TrainingData,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    parent: Parent | None = None,
 ) -> TrainingState:
-    """A new run's model and the parts that train it: optimiser, schedule, loss scaler,
-    scoreboard and, under `train.ema_decay`, the weights' moving average."""
+    """A new run's model (with `parent`'s weights, if given) and the parts that train it:
+    optimiser, schedule, loss scaler, scoreboard and, under `train.ema_decay`, the weights'
+    moving average."""
     model = build_model(cfg, data.tokenizer).to(device)
+    if parent is not None:  # before the moving average copies the weights
+        model.load_state_dict(parent.weights)
     n_params = sum(p.numel() for p in model.parameters())
     dtype = str(amp_dtype or torch.float32).removeprefix("torch.")
     log.info("model has %.1fM parameters, training on %s in %s", n_params / 1e6, device, dtype)
@@ -120,8 +132,9 @@ def training_state(
     scores = Scoreboard(patience(tcfg))
     average = MovingAverage(model, tcfg.ema_decay) if tcfg.ema_decay else None
     fingerprint = data.tokenizer.fingerprint()
+    record = parent and parent.record
     return TrainingState(
-        model, optimizer, schedule, scaler, data, scores, fingerprint, dtype, average
+        model, optimizer, schedule, scaler, data, scores, fingerprint, dtype, average, parent=record
     )
 
 

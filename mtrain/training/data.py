@@ -30,6 +30,7 @@ from mtrain.data.subword_sampling import SourceSampler, planned_lengths
 from mtrain.data.token_corpus import TokenCorpus, drop_final_punctuation
 from mtrain.data.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer, too_long
 from mtrain.run.directory import CheckpointError
+from mtrain.run.lineage import Parent
 
 log = logging.getLogger(__name__)
 # Updates the batch thread builds ahead: one is enough to hide its work behind an update's.
@@ -54,11 +55,14 @@ class Update:
 class TrainingData:
     """The tokenizer, the prepared training corpus and its stream of batches, the dev set."""
 
-    def __init__(self, cfg: Config, run_dir: Path, group: Group, resume: bool):
+    def __init__(
+        self, cfg: Config, run_dir: Path, group: Group, resume: bool, parent: Parent | None = None
+    ):
         """Every process opens the prepared corpus (rank 0 prepares it first) and reads the
-        dev set; rank 0 puts the tokenizer into `run_dir` (or checks the run's own)."""
+        dev set; rank 0 puts the tokenizer into `run_dir` (or checks the run's own). A run
+        built on another (`parent`) encodes its corpus with the parent's tokenizer."""
         dcfg = cfg.data
-        self.corpus, self.tokenizer = prepared_corpus(cfg, run_dir, group, resume)
+        self.corpus, self.tokenizer = prepared_corpus(cfg, run_dir, group, resume, parent)
         # A resumed run must read the same data, or it would not continue the same run.
         self.fingerprints = data_digests(self.corpus.manifest)
         self.paths = {"train": dcfg.train, "dev": dcfg.dev, "test": dcfg.test}
@@ -249,7 +253,7 @@ def warn_truncated(tokenizer: Tokenizer, sources: list[str], max_src_len: int, w
 
 
 def prepared_corpus(
-    cfg: Config, run_dir: Path, group: Group, resume: bool
+    cfg: Config, run_dir: Path, group: Group, resume: bool, parent: Parent | None = None
 ) -> tuple[TokenCorpus, Tokenizer]:
     """The prepared training corpus and its tokenizer, the same on every process.
 
@@ -258,13 +262,14 @@ def prepared_corpus(
     without a shared disk they prepare it themselves, which gives the same bytes. Only rank 0
     reads the run directory.
     """
+    pieces = parent_pieces(cfg, run_dir, group, resume, parent)
     if group.is_main:
-        directory = prepare(cfg)
+        directory = prepare(cfg, tokenizer=pieces)
         corpus = TokenCorpus(directory)
     # The others wait here while rank 0 prepares: start-up, not bounded by --peer-timeout.
     expected = group.broadcast(identity(corpus.manifest) if group.is_main else None, startup=True)
     if not group.is_main:
-        directory = prepare(cfg, progress=False)  # the README: other ranks print only errors
+        directory = prepare(cfg, progress=False, tokenizer=pieces)  # other ranks: errors only
         corpus = TokenCorpus(directory)
     if identity(corpus.manifest) != expected:  # the tokenizer's fingerprint included
         raise DataError(
@@ -280,3 +285,17 @@ def prepared_corpus(
                 write_atomic(run_dir / name, (directory / name).read_bytes())
     log.info("training on %d pairs, prepared in %s", len(corpus), directory)
     return corpus, tokenizer
+
+
+def parent_pieces(
+    cfg: Config, run_dir: Path, group: Group, resume: bool, parent: Parent | None
+) -> Tokenizer | None:
+    """The tokenizer a run built on another encodes its corpus with, on every rank as rank 0
+    has it: the parent's, or on a resume the run's own copy of it; None: the run trains its
+    own."""
+    if not cfg.train.init_from:
+        return None
+    mine = None
+    if group.is_main:
+        mine = Tokenizer.load(run_dir) if resume or parent is None else parent.tokenizer()
+    return Tokenizer.from_protos(*group.broadcast(mine and mine.protos(), startup=True))

@@ -124,6 +124,7 @@ class TrainingState:
     dtype: str  # what the updates compute in: autocast's dtype, or float32
     average: MovingAverage | None = None  # train.ema_decay's
     choice: Choice | None = None  # what the run chose from its plan, once planned
+    parent: dict[str, Any] | None = None  # the run it started from (run/lineage.py)
 
     def weights(self) -> dict[str, Any]:
         """The model a checkpoint offers for translation (the moving average, where the run
@@ -156,6 +157,7 @@ class TrainingState:
             "validated": progress.validated,
             "finished": progress.finished and progress.finished.to_dict(),
             "chosen": self.choice and self.choice.to_dict(),
+            "parent": self.parent,
         }
 
     def load_state_dict(self, state: dict[str, Any], path: Path, group: Group) -> Progress:
@@ -185,6 +187,7 @@ class TrainingState:
             self.scores.load_state_dict(state)
             chosen = state.get("chosen")  # absent: written before runs chose from their plan
             self.choice = None if chosen is None else Choice.from_dict(chosen)
+            self.parent = state.get("parent")  # absent: its own weights, or written before
             finished = state["finished"]  # written by `Checkpoints.mark_finished`
             return Progress(
                 state["step"],

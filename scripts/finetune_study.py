@@ -1,0 +1,248 @@
+"""What building on a run (`train.init_from`) buys: the two studies of docs/training.md.
+
+    python scripts/finetune_study.py --config configs/default.yaml --out runs/study \
+        --minutes 29 --finetune-minutes 5 --seeds 1 2 [--study longer|own|both]
+
+`longer` (train longer): run A for the budget, run B from A's best.pt for the same budget,
+one run of twice the budget, and A resumed with twice the budget (refused where A's learning
+rate is annealed: the table says so).
+
+`own` (your own small corpus): the shipped training pairs whose source names 汤姆 or whose
+English names Tom (every translation of such a source with them) are held out as the user's
+corpus, split into its own train, dev and test files under OUT/own/data/; the base trains on
+the rest; then, per seed, a run from scratch on the slice, the base fine-tuned on it, and the
+base fine-tuned on the slice mixed with as many general pairs. Every model is scored on the
+slice's test and on the shipped test (what fine-tuning forgets).
+
+A budget is minutes (`--minutes`, `--finetune-minutes`) or updates (`--max-steps`,
+`--finetune-max-steps`, which set train.max_minutes=0). Runs go to OUT/<study>/<name>; one
+already there is resumed or, finished, left as it is, so a study stopped half-way goes on
+where it stopped. Prints Markdown tables on stdout; the runs' progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from mtrain.core import config
+from mtrain.data.corpus import corpora, read_pairs
+from mtrain.data.pairs import group_references
+from mtrain.run.directory import LAST, load_checkpoint, training_summary
+
+SLICE_TARGET = r"\bTom\b"
+SLICE_SOURCE = "汤姆|湯姆"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
+    parser.add_argument("--out", type=Path, default=Path("runs/finetune-study"))
+    parser.add_argument("--study", choices=["longer", "own", "both"], default="both")
+    parser.add_argument("--minutes", type=float, help="each base run's budget (default: config)")
+    parser.add_argument("--max-steps", type=int, help="each base run's budget in updates")
+    parser.add_argument("--finetune-minutes", type=float, default=5.0)
+    parser.add_argument("--finetune-max-steps", type=int, help="instead of --finetune-minutes")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="of the short runs")
+    parser.add_argument("--slice-target", default=SLICE_TARGET, help="regex on the English")
+    parser.add_argument("--slice-source", default=SLICE_SOURCE, help="regex on the source")
+    parser.add_argument("--slice-heldout", type=float, default=0.1, help="share for dev, test")
+    parser.add_argument("--mix-pairs", type=int, help="general pairs mixed in (default: slice)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="for every run"
+    )
+    return parser.parse_args(argv)
+
+
+def budget(minutes: float | None, steps: int | None, factor: int = 1) -> list[str]:
+    """The --set values of a budget, `factor` times over."""
+    if steps is not None:
+        return [f"train.max_steps={steps * factor}", "train.max_minutes=0"]
+    return [] if minutes is None else [f"train.max_minutes={minutes * factor}"]
+
+
+class Study:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.cfg = config.load(args.config, args.overrides)
+
+    def train(self, out: Path, settings: list[str], init_from: Path | None = None) -> str | None:
+        """Train (or resume) `out`; None, or the error line of a refused or failed run."""
+        command = [sys.executable, "-m", "mtrain", "train", "--config", str(self.args.config)]
+        command += ["--out", str(out)]
+        command += [f"--set={s}" for s in [*self.args.overrides, *settings]]
+        if init_from is not None:
+            command += ["--init-from", str(init_from)]
+        print(f"# {' '.join(command)}", file=sys.stderr, flush=True)
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(done.stderr[-2000:])
+        if done.returncode == 0:
+            return None
+        errors = [line for line in done.stderr.splitlines() if line.startswith("mtrain: error")]
+        return errors[-1] if errors else f"exit status {done.returncode}"
+
+    def bleu(self, run: Path, test: Path) -> float | None:
+        """Test BLEU of `run`'s best.pt on the grouped test set `test` (test_files writes it)."""
+        refs = sorted(test.parent.glob(f"{test.name}.ref*"))
+        command = [sys.executable, "-m", "mtrain", "eval", "--run", str(run), "--json"]
+        command += ["--src", f"{test}.src", *(f"--ref={ref}" for ref in refs)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stderr[-2000:])
+            return None
+        return json.loads(done.stdout)["bleu"]
+
+    def row(self, name: str, run: Path, tests: list[Path], error: str | None) -> list[str]:
+        """A table row: name, updates, minutes, best dev BLEU, and each test's BLEU."""
+        if error is not None or not (run / LAST).exists():
+            return [name, error or "no run", *[""] * (2 + len(tests))]
+        summary = training_summary(run)
+        step = load_checkpoint(run / LAST)["step"]
+        dev = summary["best_dev_bleu"]
+        scores = [self.bleu(run, test) for test in tests]
+        return [
+            name,
+            f"{step:,}",
+            f"{summary['minutes']:.1f}",
+            "" if dev is None else f"{dev:.2f}",
+            *["failed" if s is None else f"{s:.2f}" for s in scores],
+        ]
+
+    def longer(self) -> list[list[str]]:
+        """Study (a): A, B from A, twice the budget, A resumed with twice the budget."""
+        a = self.args
+        root, base = a.out / "longer", budget(a.minutes, a.max_steps)
+        double = budget(a.minutes, a.max_steps, 2) or [
+            f"train.max_minutes={self.cfg.train.max_minutes * 2}"
+        ]
+        test = test_files(self.cfg.data.test, self.cfg, root / "data" / "test")
+        first = self.train(root / "A", base)
+        rows = [self.row("A (one budget)", root / "A", [test], first)]
+        error = first or self.train(root / "B", base, root / "A")
+        rows.append(self.row("B from A's best.pt (one more)", root / "B", [test], error))
+        error = self.train(root / "double", double)
+        rows.append(self.row("one run, twice the budget", root / "double", [test], error))
+        resumed = root / "A-resumed"
+        if first is None and not resumed.exists():
+            shutil.copytree(root / "A", resumed)
+        error = first or self.train(resumed, double)
+        rows.append(self.row("A resumed, twice the budget", resumed, [test], error))
+        return rows
+
+    def own(self) -> list[list[str]]:
+        """Study (b): the base on the rest; scratch, fine-tuned and mixed runs on the slice."""
+        a = self.args
+        root = a.out / "own"
+        files = split_slice(self.cfg, root / "data", a)
+        general_test = test_files(self.cfg.data.test, self.cfg, root / "data" / "general-test")
+        slice_test = test_files(str(files["test"]), self.cfg, root / "data" / "slice-test")
+        tests = [slice_test, general_test]
+        base = root / "base"
+        error = self.train(base, [f"data.train={files['rest']}", *budget(a.minutes, a.max_steps)])
+        rows = [self.row("base (general pairs only)", base, tests, error)]
+        short = budget(a.finetune_minutes, a.finetune_max_steps)
+        on_slice = [f"data.train={files['train']}", f"data.dev={files['dev']}"]
+        on_slice += [f"data.test={files['test']}"]
+        mixed = f"data.train=[{files['train']}, {files['mix']}]"
+        for seed in a.seeds:
+            runs = [
+                ("scratch on the slice", "scratch", on_slice, None),
+                ("base fine-tuned on the slice", "finetuned", on_slice, base),
+                ("base fine-tuned, slice + general", "mixed", [*on_slice, mixed], base),
+            ]
+            for name, directory, data, parent in runs:
+                out = root / f"{directory}-seed{seed}"
+                settings = [*data, *short, f"train.seed={seed}"]
+                failed = error if parent is not None else None
+                failed = failed or self.train(out, settings, parent)
+                rows.append(self.row(f"{name} (seed {seed})", out, tests, failed))
+        return rows
+
+
+def test_files(test: str | dict, cfg: config.Config, stem: Path) -> Path:
+    """Write a test corpus as STEM.src and STEM.ref0, .ref1...: each source once with all its
+    references (as `mtrain eval` scores a run's own test split); return STEM."""
+    (corpus,) = corpora(test, cfg.data.swap_columns)
+    sources, references = group_references(
+        read_pairs(corpus, cfg.data.src_lang, cfg.data.tgt_lang, scored=True)
+    )
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{stem}.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    for old in stem.parent.glob(f"{stem.name}.ref*"):
+        old.unlink()
+    for k in range(max(len(refs) for refs in references)):
+        lines = "".join((refs[k] if k < len(refs) else "") + "\n" for refs in references)
+        Path(f"{stem}.ref{k}").write_text(lines, encoding="utf-8")
+    return stem
+
+
+def split_slice(cfg: config.Config, out: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """Split the (single, TSV) training corpus into the slice's train, dev and test and the
+    rest, whole sources at a time (every translation of a source goes to one side); write them
+    into `out`, and `mix`: as many random pairs of the rest as the slice's train holds."""
+    (train,) = corpora(cfg.data.train, cfg.data.swap_columns)
+    lines = train.path.read_text(encoding="utf-8").splitlines(keepends=True)
+    target, source = re.compile(args.slice_target), re.compile(args.slice_source)
+    by_source: dict[str, list[str]] = {}
+    for line in lines:
+        columns = line.rstrip("\n").split("\t")  # Tatoeba's 4 columns, or source<TAB>target
+        src, tgt = (columns[1], columns[3]) if len(columns) == 4 else columns[:2]
+        if cfg.data.swap_columns:
+            src, tgt = tgt, src
+        by_source.setdefault(src, []).append((line, tgt))
+    chosen, rest = [], []
+    for src, group in by_source.items():
+        if source.search(src) or any(target.search(tgt) for _, tgt in group):
+            chosen.append([line for line, _ in group])
+        else:
+            rest += [line for line, _ in group]
+    random.Random(1).shuffle(chosen)
+    n_heldout = max(1, round(len(chosen) * args.slice_heldout))
+    parts = {
+        "test": chosen[:n_heldout],
+        "dev": chosen[n_heldout : 2 * n_heldout],
+        "train": chosen[2 * n_heldout :],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, groups in parts.items():
+        paths[name] = out / f"slice-{name}.tsv"
+        paths[name].write_text("".join(line for g in groups for line in g), encoding="utf-8")
+    paths["rest"] = out / "general-train.tsv"
+    paths["rest"].write_text("".join(rest), encoding="utf-8")
+    n_mix = args.mix_pairs or sum(len(g) for g in parts["train"])
+    paths["mix"] = out / "general-mix.tsv"
+    paths["mix"].write_text("".join(random.Random(2).sample(rest, n_mix)), encoding="utf-8")
+    counts = {name: sum(len(g) for g in groups) for name, groups in parts.items()}
+    print(
+        f"# slice: {counts['train']} train, {counts['dev']} dev, {counts['test']} test pairs; "
+        f"{len(rest)} general pairs, {n_mix} mixed in",
+        file=sys.stderr,
+    )
+    return paths
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    study = Study(args)
+    columns = ["run", "updates", "minutes", "best dev BLEU"]
+    if args.study in ("longer", "both"):
+        print(table([*columns, "test BLEU"], study.longer()))
+        print()
+    if args.study in ("own", "both"):
+        print(table([*columns, "slice test BLEU", "general test BLEU"], study.own()))
+
+
+if __name__ == "__main__":
+    main()
