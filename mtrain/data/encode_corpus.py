@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from mtrain.core.config import Config
 from mtrain.data import encode_worker

@@ -11,6 +11,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtrain.core.config import ConfigError, TokenizerConfig
+from mtrain.core.errors import MtrainError
 from mtrain.core.files import write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -29,7 +30,7 @@ def fit(pieces: list[int], max_len: int) -> list[int]:
     return pieces[: max_len - 1]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(MtrainError, ValueError):
     """A SentencePiece model that cannot be used; the message names the file."""
 
 

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mtrain.core import runtime
 from mtrain.core.config import Config
 from mtrain.core.distributed import Group
+from mtrain.core.errors import MtrainError
 from mtrain.run.directory import build_model, write_config
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.coordinator import Action, Coordinator, Finished, patience
@@ -45,11 +46,11 @@ log = logging.getLogger(__name__)
 RELEASE_MEMORY_EVERY = 50
 
 
-class RunFileError(OSError):
+class RunFileError(MtrainError, OSError):
     """A file could not be read or written while training; the message says what was kept."""
 
 
-class Interrupted(Exception):
+class Interrupted(MtrainError):
     """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
 
     def __init__(self, step: int):
