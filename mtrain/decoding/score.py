@@ -78,35 +78,42 @@ def target_ids(translator: Translator, texts: list[str]) -> list[list[int]]:
     return [fit(ids, cfg.max_tgt_len) for ids in translator.tokenizer.encode_tgt(normalized)]
 
 
-@torch.inference_mode()
 def score_pairs(
     translator: Translator, sources: list[str], targets: list[str], k: int = TOP_K
 ) -> list[Score]:
     """Each (source, target) pair's score, in batches of similar lengths."""
-    model, tokenizer = translator.model, translator.tokenizer
-    model.eval()
     src_ids = [s.ids or [EOS_ID] for s in translator.sources(sources)]  # an empty source: </s>
     tgt_ids = target_ids(translator, targets)
-    results: list[Score | None] = [None] * len(sources)
+    pieces = score_ids(translator, src_ids, tgt_ids, k)
+    return [Score(s, t, p) for s, t, p in zip(sources, targets, pieces)]
+
+
+@torch.inference_mode()
+def score_ids(
+    translator: Translator, src_ids: list[list[int]], tgt_ids: list[list[int]], k: int = TOP_K
+) -> list[list[PieceScore]]:
+    """Each target's pieces, </s> added, scored given its source (ids, </s> last), in batches
+    of similar lengths."""
+    model, tokenizer = translator.model, translator.tokenizer
+    model.eval()
+    results: list[list[PieceScore]] = [[] for _ in src_ids]
     lengths = [len(s) + len(t) + 1 for s, t in zip(src_ids, tgt_ids)]
     for batch in length_batches(lengths, translator.decode.batch_tokens):
         src = pad([src_ids[i] for i in batch]).to(translator.device)  # (B, S)
         tgt_in = pad([[BOS_ID, *tgt_ids[i]] for i in batch]).to(translator.device)  # (B, T)
-        logits = allowed(model(src, tgt_in))  # (B, T, V)
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = torch.log_softmax(allowed(model(src, tgt_in)), dim=-1)  # (B, T, V)
         top_lp, top_ids = log_probs.topk(min(k, log_probs.size(-1)), dim=-1)  # (B, T, k)
         for row, i in enumerate(batch):
             out = [*tgt_ids[i], EOS_ID]  # what each position predicts
-            ids = torch.tensor(out, device=log_probs.device)
             lp = log_probs[row, : len(out)]  # (n, V)
-            ref = lp.gather(1, ids[:, None])  # (n, 1)
-            ranks = (lp > ref).sum(dim=1) + 1  # (n,)
-            pieces = [
+            ref = lp.gather(1, torch.tensor(out, device=lp.device)[:, None])[:, 0]  # (n,)
+            ranks = ((lp > ref[:, None]).sum(dim=1) + 1).tolist()  # (n,)
+            results[i] = [
                 PieceScore(
                     tokenizer.tgt.id_to_piece(t),
                     t,
-                    ref[j, 0].item(),
-                    int(ranks[j]),
+                    ref[j].item(),
+                    ranks[j],
                     list(
                         zip(
                             tokenizer.tgt.id_to_piece(top_ids[row, j].tolist()),
@@ -116,5 +123,4 @@ def score_pairs(
                 )
                 for j, t in enumerate(out)
             ]
-            results[i] = Score(sources[i], targets[i], pieces)
     return results
