@@ -18,7 +18,8 @@ from mtrain.decoding.score import score_ids
 from mtrain.decoding.search import allowed
 from mtrain.decoding.trace import Tracer
 
-from .console import REPO, mtrain as run_mtrain
+from .console import REPO
+from .console import mtrain as run_mtrain
 
 DEV = REPO / "data" / "tatoeba" / "dev.tsv"
 
@@ -106,7 +107,7 @@ def test_scores_are_a_teacher_forced_forward_pass(model) -> None:
         got = torch.tensor([p.log_prob for p in score.pieces])
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
         assert score.total == pytest.approx(float(expected.sum()), abs=1e-4)
-        assert score.mean == pytest.approx(score.total / len(ids + [EOS_ID]))
+        assert score.mean == pytest.approx(score.total / (len(ids) + 1))
         for p in score.pieces:
             assert p.top[0][1] >= p.log_prob and len(p.top) == 5
             assert (p.rank == 1) == (p.top[0][0] == p.piece)
