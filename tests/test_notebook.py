@@ -63,6 +63,22 @@ def collapse_returns(text: str) -> str:
     return "\n".join(line.rsplit("\r", 1)[-1] for line in re.split(r"\n", text))
 
 
+def merge_streams(outputs: list) -> list:
+    """A cell's outputs with each run of stream outputs to one stream as one, \r collapsed."""
+    merged: list = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        same = last is not None and last.output_type == "stream" == output.output_type
+        if same and last.name == output.name:
+            last.text += output.text
+        else:
+            merged.append(output)
+    for output in merged:
+        if output.output_type == "stream":
+            output.text = collapse_returns(output.text)
+    return merged
+
+
 def main() -> None:
     """Run the notebook as it is and write it back with its outputs."""
     import nbformat
@@ -70,9 +86,7 @@ def main() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     execute(nb)
     for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            if output.output_type == "stream":
-                output.text = collapse_returns(output.text)
+        cell.outputs = merge_streams(cell.get("outputs", []))
     nbformat.write(nb, NOTEBOOK)
     print(NOTEBOOK, file=sys.stderr)
 

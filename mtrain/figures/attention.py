@@ -82,7 +82,7 @@ def draw_attention(
     return fig
 
 
-@dataclass
+@dataclass(repr=False)
 class Attention:
     """One translation's attention weights as numpy arrays, one (n_heads, queries, keys) array
     per layer, with the pieces along their axes; shown in a notebook as its cross-attention."""
@@ -106,6 +106,13 @@ class Attention:
             *([torch.from_numpy(w) for w in getattr(self, k)] for k in KINDS_IN_MAPS_ORDER)
         )
         return draw_attention(maps, self.source, self.decoder_input, self.output, self.title, kind)
+
+    def __repr__(self) -> str:
+        h = self.cross[0].shape[0]
+        return (
+            f"<Attention {self.title}: {len(self.cross)} decoder layer(s) x {h} heads, "
+            f"{len(self.output)} output pieces over {len(self.source)} source pieces>"
+        )
 
     def _repr_png_(self) -> bytes:
         return png(self.figure("cross"))

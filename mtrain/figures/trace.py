@@ -44,7 +44,7 @@ def step_record(step: TraceStep, tokenizer: Tokenizer) -> dict[str, Any]:
     }
 
 
-@dataclass
+@dataclass(repr=False)
 class Trace:
     """How one sentence was decoded, step by step; prints as `--trace` does, shows as a figure."""
 
@@ -80,6 +80,9 @@ class Trace:
 
     def __str__(self) -> str:
         return self.text
+
+    def __repr__(self) -> str:
+        return f"<Trace {self.source} → {self.translation}: {len(self.steps)} steps>"
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
         printer.text(self.text)
