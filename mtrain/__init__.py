@@ -5,7 +5,7 @@ From Python (a notebook, a script), three calls cover what the commands do:
     import mtrain
     run = mtrain.train("configs/tiny.yaml", out="runs/tiny")   # the run directory
     model = mtrain.load(run)                                   # a TranslationModel
-    model.translate("我是谁？")                                  # 'Who am I?'
+    model.translate("我是谁？")                                  # a string
 
 `model.score(source, target)` tells how likely the model finds a given translation, piece by
 piece; `model.trace(text)` and `model.attention(text)` show how it found its own, and show as

@@ -86,7 +86,8 @@ def main() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     execute(nb)
     for cell in nb.cells:
-        cell.outputs = merge_streams(cell.get("outputs", []))
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
     nbformat.write(nb, NOTEBOOK)
     print(NOTEBOOK, file=sys.stderr)
 
