@@ -129,9 +129,8 @@ def test_scoring_greedy_output_gives_back_its_choices(model) -> None:
         chosen = [s.chosen for s in steps]
         tokens = result.hypotheses[0].tokens
         ended = chosen[-1] == EOS_ID
-        (pieces,) = score_ids(t, [result.src], [tokens])
-        if not ended:  # stopped at the length limit: the score adds a </s> greedy never chose
-            pieces = pieces[:-1]
+        # Stopped at the length limit: no </s> to score, greedy never chose one.
+        (pieces,) = score_ids(t, [result.src], [tokens], end=ended)
         assert [p.id for p in pieces] == chosen
         assert [p.rank for p in pieces] == [1] * len(chosen)
         got = [p.log_prob for p in pieces]

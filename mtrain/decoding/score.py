@@ -90,21 +90,26 @@ def score_pairs(
 
 @torch.inference_mode()
 def score_ids(
-    translator: Translator, src_ids: list[list[int]], tgt_ids: list[list[int]], k: int = TOP_K
+    translator: Translator,
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]],
+    k: int = TOP_K,
+    end: bool = True,
 ) -> list[list[PieceScore]]:
-    """Each target's pieces, </s> added, scored given its source (ids, </s> last), in batches
-    of similar lengths."""
+    """Each target's pieces scored given its source (ids, </s> last), in batches of similar
+    lengths; `end`: </s> is added and scored (False: an output cut at its length limit)."""
     model, tokenizer = translator.model, translator.tokenizer
     model.eval()
     results: list[list[PieceScore]] = [[] for _ in src_ids]
     lengths = [len(s) + len(t) + 1 for s, t in zip(src_ids, tgt_ids)]
     for batch in length_batches(lengths, translator.decode.batch_tokens):
         src = pad([src_ids[i] for i in batch]).to(translator.device)  # (B, S)
-        tgt_in = pad([[BOS_ID, *tgt_ids[i]] for i in batch]).to(translator.device)  # (B, T)
+        tgt_in = pad([[BOS_ID, *tgt_ids[i]][: len(tgt_ids[i]) + end] for i in batch])  # (B, T)
+        tgt_in = tgt_in.to(translator.device)
         log_probs = torch.log_softmax(allowed(model(src, tgt_in)), dim=-1)  # (B, T, V)
         top_lp, top_ids = log_probs.topk(min(k, log_probs.size(-1)), dim=-1)  # (B, T, k)
         for row, i in enumerate(batch):
-            out = [*tgt_ids[i], EOS_ID]  # what each position predicts
+            out = [*tgt_ids[i], EOS_ID] if end else tgt_ids[i]  # what each position predicts
             lp = log_probs[row, : len(out)]  # (n, V)
             ref = lp.gather(1, torch.tensor(out, device=lp.device)[:, None])[:, 0]  # (n,)
             ranks = ((lp > ref[:, None]).sum(dim=1) + 1).tolist()  # (n,)
