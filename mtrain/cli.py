@@ -6,18 +6,19 @@ import sys
 
 import typer
 
-from mtrain.commands import evaluate, export, info, plot, prepare, serve, train, translate
+from mtrain.commands import (
+    evaluate,
+    export,
+    info,
+    plot,
+    prepare,
+    score,
+    serve,
+    train,
+    translate,
+)
 from mtrain.commands.common import error
-from mtrain.core.config import ConfigError
-from mtrain.core.distributed import DistributedError
-from mtrain.core.files import DirectoryLocked, FileRefused
-from mtrain.core.jsonl import LogError
-from mtrain.core.runtime import DeviceError
-from mtrain.data.corpus import DataError
-from mtrain.data.tokenizer import TokenizerError
-from mtrain.export.converter import ExportError
-from mtrain.figures.common import FigureError
-from mtrain.run.directory import CheckpointError
+from mtrain.core.errors import MtrainError
 
 app = typer.Typer(
     add_completion=False,
@@ -28,6 +29,7 @@ app = typer.Typer(
 app.command()(prepare.prepare)
 app.command()(train.train)
 app.command()(translate.translate)
+app.command()(score.score)
 app.command(name="eval")(evaluate.evaluate)
 app.command()(evaluate.average)
 app.add_typer(plot.app, name="plot")
@@ -35,27 +37,12 @@ app.command()(info.info)
 app.command()(export.export)
 app.command()(serve.serve)
 
-# Errors of the user's making (input, files, config, devices): one line each, exit status 2.
-USER_ERRORS = (
-    ConfigError,
-    DataError,
-    CheckpointError,
-    DeviceError,
-    DirectoryLocked,
-    DistributedError,
-    ExportError,
-    FigureError,
-    FileRefused,
-    LogError,
-    TokenizerError,
-)
-
 
 def main(argv: list[str] | None = None) -> None:
     """The `mtrain` console script: every error is one line on stderr and a non-zero status."""
     try:
         status = app(argv, prog_name="mtrain", standalone_mode=False)
-    except USER_ERRORS as e:
+    except MtrainError as e:  # of the user's making (input, files, config, devices)
         status = error(str(e))
     except (KeyboardInterrupt, typer.Abort):  # Ctrl-C (typer returns 130; older ones raise Abort)
         typer.echo("mtrain: interrupted", err=True)

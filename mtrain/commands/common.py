@@ -18,12 +18,11 @@ from typing import Annotated
 
 import typer
 
-from mtrain.core import config, runtime
-from mtrain.core.config import MAX_ALPHA, Config, DecodeConfig
+from mtrain.core.config import MAX_ALPHA, Config
 from mtrain.data import corpus
-from mtrain.decoding.translator import TextTranslator, Translator
-from mtrain.export import engine as ct2_engine
-from mtrain.run.directory import BEST, latest_run, load_run
+from mtrain.decoding.translator import TextTranslator
+from mtrain.export.models import TranslationModel, open_model
+from mtrain.run.directory import BEST, latest_run
 
 RUNS_ROOT = Path("runs")
 
@@ -187,48 +186,20 @@ class Decoding:
     nbest: int = 1
 
 
-def load_engine(engine: Engine, d: Decoding) -> tuple[Path, Config, TextTranslator]:
-    """The directory, config and Translator of `engine` reading `d`'s model: the one place
-    that chooses an engine, for every command that translates."""
-    if engine is Engine.ctranslate2:
-        if d.checkpoint != BEST:
-            fail("--checkpoint needs --engine mtrain")
-        return _ctranslate2_translator(d)
-    return _torch_translator(d)
-
-
-def _torch_translator(d: Decoding) -> tuple[Path, Config, Translator]:
-    """A run's checkpoint in a Translator that mtrain drives on PyTorch."""
-    torch_device = runtime.pick_device(d.device)
-    runtime.configure(torch_device)
-    run_dir = resolve_run(d.run)
-    cfg, tokenizer, model = load_run(run_dir, torch_device, d.checkpoint)
-    if d.quantize is Quantize.int8:
-        if torch_device.type != "cpu":
-            fail("--quantize int8 runs on the CPU only; add --device cpu")
-        model = runtime.quantize_int8(model)
-    decode = decode_options(cfg, d.beam, d.alpha, d.nbest)
-    return run_dir, cfg, Translator(model, tokenizer, cfg, torch_device, decode, d.nbest)
-
-
-def _ctranslate2_translator(d: Decoding) -> tuple[Path, Config, TextTranslator]:
-    """A directory written by `mtrain export` in a Translator that CTranslate2 drives."""
-    if d.run is None:
+def load_model(engine: Engine, d: Decoding) -> TranslationModel:
+    """`d`'s model on `engine`: the one place that opens a model, for every command that
+    translates (the latest run where `d` names none)."""
+    if engine is Engine.ctranslate2 and d.run is None:
         fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")
-    cfg, tokenizer, engine = ct2_engine.load(d.run, d.device, d.quantize is Quantize.int8)
-    decode = decode_options(cfg, d.beam, d.alpha, d.nbest)
-    return d.run, cfg, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, d.nbest)
+    run = d.run if engine is Engine.ctranslate2 else resolve_run(d.run)
+    int8 = d.quantize is Quantize.int8
+    return open_model(run, engine.value, d.device, d.checkpoint, int8, d.beam, d.alpha, d.nbest)
 
 
-def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: int) -> DecodeConfig:
-    """The run's decoding options with those asked for on the command line."""
-    asked = {"beam_size": beam, "alpha": alpha}
-    raw = cfg.to_dict()
-    raw["decode"].update({k: v for k, v in asked.items() if v is not None})
-    decode = config.from_dict(raw, "options").decode  # the run's own checks, e.g. a finite alpha
-    if nbest > decode.beam_size:
-        fail(f"--nbest {nbest} needs --beam {nbest} or more")
-    return decode
+def load_engine(engine: Engine, d: Decoding) -> tuple[Path, Config, TextTranslator]:
+    """The directory, config and translator of `d`'s model on `engine`."""
+    model = load_model(engine, d)
+    return model.path, model.cfg, model.translator
 
 
 def resolve_data(cfg: Config, config_path: Path) -> None:
@@ -238,6 +209,6 @@ def resolve_data(cfg: Config, config_path: Path) -> None:
         try:
             corpus.check_files(getattr(cfg.data, key), f"data.{key}")
         except corpus.DataError as e:
-            fail(f"{config_path}: {e}")
+            raise corpus.DataError(f"{config_path}: {e}") from None
         setattr(cfg.data, key, corpus.resolve(getattr(cfg.data, key)))
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())

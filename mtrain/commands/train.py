@@ -14,15 +14,23 @@ import typer
 from mtrain.commands.common import (
     RUNS_ROOT,
     DeviceOption,
-    fail,
     log,
     resolve_data,
     setup_logging,
 )
 from mtrain.core import config, runtime
-from mtrain.core.config import Config
+from mtrain.core.config import Config, ConfigError
+from mtrain.core.errors import OptionError
 from mtrain.core.files import LOCK_FILE, DirectoryLock, remove_leftovers
-from mtrain.run.directory import BEST, CONFIG_FILE, LAST, run_config, step_checkpoints, write_config
+from mtrain.run.directory import (
+    BEST,
+    CONFIG_FILE,
+    LAST,
+    CheckpointError,
+    run_config,
+    step_checkpoints,
+    write_config,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +61,7 @@ def check_resumable(run_dir: Path, cfg: Config) -> None:
     for section, values in new.items():
         for key, value in values.items():
             if saved[section][key] != value and (section, key) not in RESUMABLE_KEYS:
-                fail(
+                raise ConfigError(
                     f"{run_dir} was trained with {section}.{key}={saved[section][key]!r}, not "
                     f"{value!r}; use the run's own config or another --out"
                 )
@@ -103,15 +111,39 @@ def train(
     a second Ctrl-C exits at once. Under `torchrun --nproc_per_node N -m mtrain train ...`,
     N processes train one model with DistributedDataParallel; rank 0 writes the run.
     """
-    from mtrain.core import distributed  # imported here: keeps `translate` light
-    from mtrain.training import tensorboard_log
-
-    group = distributed.from_env()
-    setup_logging(quiet=not group.is_main)
+    setup_logging(quiet=not is_main_process())
     overrides = [
         *(overrides or []),
         *([f"train.init_from={json.dumps(str(init_from))}"] if init_from else []),
     ]
+    run_dir, best = train_run(config_path, overrides, out, device, peer_timeout)
+    if run_dir is not None:
+        log.info("best dev BLEU %.2f", best)
+        typer.echo(str(run_dir))
+
+
+def is_main_process() -> bool:
+    """Whether this process writes the run: alone, or rank 0 under torchrun."""
+    from mtrain.core import distributed
+
+    return distributed.from_env().is_main
+
+
+def train_run(
+    config_path: Path,
+    overrides: list[str],
+    out: Path | None,
+    device: str = "auto",
+    peer_timeout: float = 5.0,
+    command: bool = True,
+) -> tuple[Path | None, float]:
+    """Train as `mtrain train` does; return the run directory (None on ranks other than 0)
+    and the best dev BLEU. `command`: Ctrl-C ends the command with one line and status
+    130, as `mtrain train`; otherwise it raises (`Interrupted` once a checkpoint is saved)."""
+    from mtrain.core import distributed  # imported here: keeps `translate` light
+    from mtrain.training import tensorboard_log
+
+    group = distributed.from_env()
     cfg = config.load(config_path, overrides, require_data=True)
     tensorboard_log.require(cfg.train)
     torch_device = runtime.pick_device(device, group.local_rank)
@@ -128,23 +160,26 @@ def train(
         check_out(run_dir)
     distributed.start(group, torch_device, peer_timeout)
     try:
-        best = run_training(cfg, run_dir, torch_device, group, parent)
+        best = run_training(cfg, run_dir, torch_device, group, parent, command)
     finally:
         distributed.stop(group)
-    if group.is_main:
-        log.info("best dev BLEU %.2f", best)
-        typer.echo(str(run_dir))
+    return (run_dir if group.is_main else None), best
 
 
 def run_training(
-    cfg: Config, run_dir: Path, device: torch.device, group: Group, parent: Parent | None = None
+    cfg: Config,
+    run_dir: Path,
+    device: torch.device,
+    group: Group,
+    parent: Parent | None = None,
+    command: bool = True,
 ) -> float:
     """Train into `run_dir` as this process of `group` (from `parent`'s weights, if given);
-    return the best dev BLEU. Each way a run stops early becomes one line, but for a bug,
-    which keeps its traceback."""
+    return the best dev BLEU. Each way a run stops early is an MtrainError (`command`: Ctrl-C
+    is one line and status 130), but for a bug, which keeps its traceback."""
     from mtrain.core import distributed
     from mtrain.training.build import build_trainer
-    from mtrain.training.trainer import Interrupted, NonFiniteLoss, OutOfMemory, RunFileError
+    from mtrain.training.trainer import Interrupted
 
     try:
         # Rank 0 alone owns the run directory; the others get what they need from it.
@@ -156,9 +191,9 @@ def run_training(
                 # once the run is known to be resumable
                 write_config(run_dir, cfg, chosen, trainer.state.parent)
             return trainer.run()
-    except (NonFiniteLoss, OutOfMemory, RunFileError) as e:
-        fail(str(e))
     except Interrupted as e:
+        if not command:
+            raise
         if group.is_main:
             typer.echo(
                 f"mtrain: {e}; checkpoint saved in {run_dir}; run the same command to resume",
@@ -166,6 +201,8 @@ def run_training(
             )
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
+        if not command:
+            raise
         last = run_dir / LAST
         kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
         typer.echo(f"mtrain: stopped; {kept}", err=True)
@@ -182,9 +219,11 @@ def run_training(
 def check_out(run_dir: Path) -> None:
     """Make the run directory, refusing one that holds anything but a run."""
     if run_dir.exists() and not run_dir.is_dir():
-        fail(f"--out {run_dir}: exists and is not a directory")
+        raise OptionError(f"--out {run_dir}: exists and is not a directory")
     if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
-        fail(f"--out {run_dir}: holds other files and no run; use a new or empty directory")
+        raise OptionError(
+            f"--out {run_dir}: holds other files and no run; use a new or empty directory"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -195,7 +234,7 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
     resume = (run_dir / LAST).exists()
     kept = (run_dir / BEST).exists() or step_checkpoints(run_dir)
     if kept and not resume:  # last.pt deleted, or lost
-        fail(
+        raise CheckpointError(
             f"{run_dir}: holds checkpoints but no {LAST} to resume from; training "
             "afresh would replace them: use another --out"
         )

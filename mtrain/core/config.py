@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mtrain.core import yaml_limits
+from mtrain.core.errors import MtrainError
 
 
-class ConfigError(ValueError):
+class ConfigError(MtrainError, ValueError):
     """A configuration that cannot be used; the message names the file and key."""
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mtrain.core.errors import MtrainError
+
 # Start-up (preparing the corpora, which trains the tokenizer; loading a checkpoint) can keep
 # rank 0 busy far longer than any exchange of training while the others wait for what it sends:
 # its exchanges go through a group of their own, with this bound instead of the peer timeout. A
@@ -23,7 +25,7 @@ STARTUP_TIMEOUT = timedelta(days=1)
 _startup_group: dist.ProcessGroup | None = None  # gloo over the CPU, with STARTUP_TIMEOUT
 
 
-class DistributedError(RuntimeError):
+class DistributedError(MtrainError, RuntimeError):
     """A process of the group died, hung or disagreed; the message says which."""
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from mtrain.core.errors import MtrainError
+
 try:
     import fcntl
 except ImportError:  # not POSIX: run directories go unlocked
@@ -98,7 +100,7 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
     replace(tmp, target)
 
 
-class FileRefused(ValueError):
+class FileRefused(MtrainError, ValueError):
     """A file the user named that cannot be used: an input that is not UTF-8, an output that is
     a directory, a socket or the input itself; the message names it, in one line."""
 
@@ -266,7 +268,7 @@ def recover_directory(target: Path, complete: Callable[[Path], bool], what: str)
             )
 
 
-class DirectoryLocked(RuntimeError):
+class DirectoryLocked(MtrainError, RuntimeError):
     """Another process holds the lock on a directory; the message names it."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mtrain.core.errors import MtrainError
 from mtrain.core.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ REQUIRED = ("step", "minutes")
 NUMBERS = ("loss", "lr", "dev_loss", "dev_bleu", "dev_chrf")
 
 
-class LogError(ValueError):
+class LogError(MtrainError, ValueError):
     """A log line that is not a record; the message names the file and line."""
 
 

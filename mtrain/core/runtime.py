@@ -11,8 +11,10 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
+from mtrain.core.errors import MtrainError
 
-class DeviceError(ValueError):
+
+class DeviceError(MtrainError, ValueError):
     """A device that does not exist here; the message names it."""
 
 

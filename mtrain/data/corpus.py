@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from mtrain.core.errors import MtrainError
 from mtrain.data.text import normalize
 
 log = logging.getLogger(__name__)
 OPENERS = {".gz": gzip.open, ".xz": lzma.open}
 
 
-class DataError(ValueError):
+class DataError(MtrainError, ValueError):
     """A corpus that cannot be read; the message names the file and line."""
 
 

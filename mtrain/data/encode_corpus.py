@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from mtrain.core.config import Config
+from mtrain.core.progress import tqdm
 from mtrain.data import encode_worker
 from mtrain.data.corpus import (
     OPENERS,

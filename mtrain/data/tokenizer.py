@@ -12,6 +12,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtrain.core.config import ConfigError, TokenizerConfig
+from mtrain.core.errors import MtrainError
 from mtrain.core.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def fit(pieces: list[int], max_len: int) -> list[int]:
     return pieces[: max_len - 1]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(MtrainError, ValueError):
     """A SentencePiece model that cannot be used; the message names the file."""
 
 

@@ -1,5 +1,7 @@
 """Stage 7, export: a trained run converted to a CTranslate2 model directory (`converter`) and
-translated with CTranslate2 behind the same interface as mtrain's own translator (`engine`).
+translated with CTranslate2 behind the same interface as mtrain's own translator (`engine`),
+and the model either engine opens (`models`): what `mtrain.load` returns and the commands use.
 
-It imports only from the stages before it (`core`, `data`, `model`, `run`, `decoding`).
+It imports only from the stages before it (`core`, `data`, `model`, `run`, `decoding`,
+`figures`, `training`).
 """

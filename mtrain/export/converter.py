@@ -21,6 +21,7 @@ import yaml
 from torch import nn
 
 from mtrain.core.config import Config
+from mtrain.core.errors import MtrainError
 from mtrain.core.files import (
     lock_beside,
     recover_directory,
@@ -93,7 +94,7 @@ EXPRESSIBLE: dict[str, set | None] = {
 }
 
 
-class ExportError(ValueError):
+class ExportError(MtrainError, ValueError):
     """A run that cannot be exported, or an engine that is not installed; one line."""
 
 

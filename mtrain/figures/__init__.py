@@ -1,6 +1,7 @@
 """Figures, a module for each: `curves`, `positional` and `masks` (`mtrain plot`), and
-`attention` (`mtrain translate --attention`); `common` holds what they share: the CJK font,
-the output formats and `save`.
+`attention` (`mtrain translate --attention`) and `trace` (`--trace` as a figure), whose
+`Attention` and `Trace` also show in Jupyter; `common` holds what they share: the CJK font, the
+output formats, `save` and `png`.
 
 Each `draw_*` function returns a matplotlib Figure, which `common.save` writes. matplotlib is
 imported only when a figure is drawn: importing these modules does not load it.

@@ -3,12 +3,14 @@ every layer and head, from the weights `AttentionRecorder` kept."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from mtrain.decoding.attention import AttentionMaps
-from mtrain.figures.common import use_cjk_font
+from mtrain.decoding.attention import AttentionMaps, AxisLabels
+from mtrain.figures.common import png, use_cjk_font
 
 CELL = 0.32  # inches per heatmap cell
 DPI = 100
@@ -17,6 +19,7 @@ KINDS = {  # file name: (title, what the rows and columns are)
     "encoder": ("Encoder self-attention", "source pieces over source pieces"),
     "decoder": ("Decoder masked self-attention", "decoder input over decoder input"),
 }
+KINDS_IN_MAPS_ORDER = ("encoder", "decoder", "cross")  # AttentionMaps' fields
 
 
 def figure_size(n_layers: int, n_heads: int, rows: int, cols: int) -> tuple[float, float]:
@@ -35,6 +38,24 @@ def save_figures(
     stem: Path,
 ) -> list[Path]:
     """Write `stem`-cross.png, -encoder.png and -decoder.png: every layer, head and the mean."""
+    paths = []
+    for kind in KINDS:
+        fig = draw_attention(maps, src_pieces, tgt_in_pieces, tgt_out_pieces, title, kind)
+        path = stem.with_name(f"{stem.name}-{kind}.png")
+        fig.savefig(path)
+        paths.append(path)
+    return paths
+
+
+def draw_attention(
+    maps: AttentionMaps,
+    src_pieces: list[str],
+    tgt_in_pieces: list[str],
+    tgt_out_pieces: list[str],
+    title: str,
+    kind: str = "cross",
+):
+    """One kind of attention ("cross", "encoder" or "decoder"): every layer, head and the mean."""
     from matplotlib.figure import Figure
 
     use_cjk_font()
@@ -43,26 +64,58 @@ def save_figures(
         "encoder": (src_pieces, src_pieces),
         "decoder": (tgt_in_pieces, tgt_in_pieces),
     }
-    paths = []
-    for kind, (name, axes_text) in KINDS.items():
-        layers = getattr(maps, kind)
-        rows, cols = labels[kind]
-        n_heads = layers[0].size(0)
-        fig = Figure(figsize=figure_size(len(layers), n_heads, len(rows), len(cols)), dpi=DPI)
-        fig.set_layout_engine("constrained")
-        fig.suptitle(f"{name}: {title}\n{axes_text}; grey: exactly 0", fontsize=10)
-        grid = fig.subplots(len(layers), n_heads + 1, squeeze=False)
-        for layer, weights in enumerate(layers):
-            panels = [*weights, weights.mean(dim=0)]  # each head, then their mean
-            for head, (ax, w) in enumerate(zip(grid[layer], panels)):
-                image = _heatmap(ax, w, rows, cols, head == 0, layer == len(layers) - 1)
-                what = f"head {head + 1}" if head < n_heads else "mean of heads"
-                ax.set_title(f"layer {layer + 1}, {what}", fontsize=8)
-        fig.colorbar(image, ax=grid, shrink=0.8, aspect=30, label="attention weight")
-        path = stem.with_name(f"{stem.name}-{kind}.png")
-        fig.savefig(path)
-        paths.append(path)
-    return paths
+    name, axes_text = KINDS[kind]
+    layers = getattr(maps, kind)
+    rows, cols = labels[kind]
+    n_heads = layers[0].size(0)
+    fig = Figure(figsize=figure_size(len(layers), n_heads, len(rows), len(cols)), dpi=DPI)
+    fig.set_layout_engine("constrained")
+    fig.suptitle(f"{name}: {title}\n{axes_text}; grey: exactly 0", fontsize=10)
+    grid = fig.subplots(len(layers), n_heads + 1, squeeze=False)
+    for layer, weights in enumerate(layers):
+        panels = [*weights, weights.mean(dim=0)]  # each head, then their mean
+        for head, (ax, w) in enumerate(zip(grid[layer], panels)):
+            image = _heatmap(ax, w, rows, cols, head == 0, layer == len(layers) - 1)
+            what = f"head {head + 1}" if head < n_heads else "mean of heads"
+            ax.set_title(f"layer {layer + 1}, {what}", fontsize=8)
+    fig.colorbar(image, ax=grid, shrink=0.8, aspect=30, label="attention weight")
+    return fig
+
+
+@dataclass(repr=False)
+class Attention:
+    """One translation's attention weights as numpy arrays, one (n_heads, queries, keys) array
+    per layer, with the pieces along their axes; shown in a notebook as its cross-attention."""
+
+    source: list[str]  # source pieces: keys of cross-attention, both axes of the encoder's
+    decoder_input: list[str]  # <s> y1 ..: both axes of the decoder's self-attention
+    output: list[str]  # y1 .. (</s>): queries of cross-attention
+    encoder: list[np.ndarray]  # (h, S, S) per layer
+    decoder: list[np.ndarray]  # (h, T, T) per layer
+    cross: list[np.ndarray]  # (h, T, S) per layer
+    title: str
+
+    @classmethod
+    def of(cls, maps: AttentionMaps, labels: AxisLabels, title: str) -> Attention:
+        arrays = {k: [w.cpu().numpy() for w in getattr(maps, k)] for k in KINDS}
+        return cls(labels.source, labels.decoder_input, labels.output, **arrays, title=title)
+
+    def figure(self, kind: str = "cross"):
+        """A matplotlib Figure of one kind of attention: "cross", "encoder" or "decoder"."""
+        maps = AttentionMaps(
+            *([torch.from_numpy(w) for w in getattr(self, k)] for k in KINDS_IN_MAPS_ORDER)
+        )
+        return draw_attention(maps, self.source, self.decoder_input, self.output, self.title, kind)
+
+    def __repr__(self) -> str:
+        h = self.cross[0].shape[0]
+        return (
+            f"<Attention {self.title}: {len(self.cross)} decoder layer(s) x {h} heads, "
+            f"{len(self.output)} output pieces over {len(self.source)} source pieces>"
+        )
+
+    def _repr_png_(self) -> bytes:
+        return png(self.figure("cross"))
 
 
 def _heatmap(ax, weights: torch.Tensor, rows: list[str], cols: list[str], first, last):

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import io
+import os
 from functools import lru_cache
 from pathlib import Path
 
+from mtrain.core.errors import MtrainError
 from mtrain.core.files import FileRefused, open_output, output_kind
 
 CJK_FONT = "NotoSansCJKsc-Regular.otf"  # Noto Sans CJK SC, shipped by the mplfonts package
 
 
-class FigureError(RuntimeError):
+class FigureError(MtrainError, RuntimeError):
     """A figure that cannot be drawn (no font, nothing to plot); the message says why."""
 
 
@@ -27,10 +30,11 @@ def cjk_font_path() -> Path:
 
 @lru_cache(maxsize=1)
 def use_cjk_font() -> str:
-    """Select Agg and make Noto Sans CJK SC matplotlib's font; return its family name."""
+    """Select Agg (but in Jupyter) and Noto Sans CJK SC as the font; return its family name."""
     import matplotlib
 
-    matplotlib.use("Agg")  # files only: no display needed
+    if "inline" not in os.environ.get("MPLBACKEND", ""):  # Jupyter's shows figures in the page
+        matplotlib.use("Agg")  # files only: no display needed
     from matplotlib import font_manager
 
     path = cjk_font_path()
@@ -76,3 +80,10 @@ def save(fig, path: Path, dpi: int = 120) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def png(fig, dpi: int = 100) -> bytes:
+    """A figure as PNG bytes: what a notebook shows of a result that is a picture."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()

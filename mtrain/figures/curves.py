@@ -59,11 +59,15 @@ def run_names(run_dirs: list[Path]) -> list[str]:
 def draw_curves(run_dirs: list[Path]):
     """Training loss, dev loss, dev BLEU and learning rate against steps and minutes."""
     use_cjk_font()
-    import matplotlib.pyplot as plt
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     logs = [read_run(d, n) for d, n in zip(run_dirs, run_names(run_dirs))]
-    fig, axes = plt.subplots(len(CURVES), 2, figsize=(11, 12), sharex="col")
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # A Figure outside pyplot: Jupyter shows it once, where it is returned, and it needs no close
+    fig = Figure(figsize=(11, 12))
+    axes = fig.subplots(len(CURVES), 2, sharex="col")
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, (key, label, source) in enumerate(CURVES):
         for col, x_key in enumerate(("step", "minutes")):
             ax = axes[row, col]
@@ -92,12 +96,12 @@ def draw_curves(run_dirs: list[Path]):
     axes[-1, 0].set_xlabel("step (optimizer updates)")
     axes[-1, 1].set_xlabel("minutes since the start of training")
     handles = [
-        plt.Line2D([], [], color=colours[i % len(colours)], lw=2, label=run.name)
+        Line2D([], [], color=colours[i % len(colours)], lw=2, label=run.name)
         for i, run in enumerate(logs)
     ]
     if any(run.average for run in logs):
         handles.append(
-            plt.Line2D(
+            Line2D(
                 [],
                 [],
                 ls="",

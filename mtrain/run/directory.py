@@ -15,6 +15,7 @@ import yaml
 from mtrain.core import config as config_mod
 from mtrain.core import jsonl
 from mtrain.core.config import Config
+from mtrain.core.errors import MtrainError
 from mtrain.core.files import atomic_open, replace, tmp_path, write_atomic
 from mtrain.data.tokenizer import PAD_ID, Tokenizer
 from mtrain.model.transformer import Transformer
@@ -26,7 +27,7 @@ EXAMPLES = "examples.jsonl"  # each validation's example translations, with thei
 TENSORBOARD = "tensorboard"  # the directory of TensorBoard's event files (train.tensorboard)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MtrainError, ValueError):
     """A run directory or checkpoint that cannot be used; the message names the file."""
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtrain.core import runtime
 from mtrain.core.files import Stamp, lock_holder, stamp
+from mtrain.decoding.loaded import wrap
 from mtrain.decoding.translator import Translator
 from mtrain.run.directory import CheckpointError, load_model, peek_checkpoint
 
@@ -104,9 +104,7 @@ class ModelWatcher:
             return None
         if stamp(self.path) != now:
             return None
-        if self.quantize:
-            model = runtime.quantize_int8(model)
-        translator = Translator(model, b.tokenizer, b.cfg, b.device, b.decode, b.nbest)
+        translator = wrap(model, b.tokenizer, b.cfg, b.device, b.decode, b.nbest, self.quantize)
         self.seen, self.failing = now, False
         log.info("mtrain serve: loaded %s (step %d)", self.path, step)
         return Loaded(translator, step, now)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from mtrain.core import jsonl
 from mtrain.core.config import TrainConfig
+from mtrain.core.progress import tqdm
 from mtrain.run.directory import EXAMPLES, METRICS, TENSORBOARD, TRAIN_LOG
 from mtrain.training.coordinator import Coordinator, Finished
 from mtrain.training.data import Update

@@ -21,6 +21,7 @@ from pathlib import Path
 from mtrain.core import runtime
 from mtrain.core.config import TrainConfig
 from mtrain.core.distributed import Group
+from mtrain.core.errors import MtrainError
 from mtrain.model.transformer import Transformer
 from mtrain.training.budget_recipe import BudgetRecipe, Choice
 from mtrain.training.coordinator import Action, Coordinator, Finished
@@ -40,11 +41,11 @@ log = logging.getLogger(__name__)
 RELEASE_MEMORY_EVERY = 50
 
 
-class RunFileError(OSError):
+class RunFileError(MtrainError, OSError):
     """A file could not be read or written while training; the message says what was kept."""
 
 
-class Interrupted(Exception):
+class Interrupted(MtrainError):
     """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
 
     def __init__(self, step: int):

@@ -20,6 +20,7 @@ import torch
 from mtrain.core import runtime
 from mtrain.core.config import TrainConfig
 from mtrain.core.distributed import Group
+from mtrain.core.errors import MtrainError
 from mtrain.data.pairs import Batch
 from mtrain.training.compiled import Compiled, compiles_on
 from mtrain.training.data import Update
@@ -32,11 +33,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(MtrainError, RuntimeError):
     """The loss became NaN or infinite; the message names the step."""
 
 
-class OutOfMemory(RuntimeError):
+class OutOfMemory(MtrainError, RuntimeError):
     """A process of several ran out of memory: it cannot skip an update the others train on."""
 
 
