@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mtrain.core import runtime
-from mtrain.core.config import TrainConfig
+from mtrain.core.config import VERSION, TrainConfig
 from mtrain.core.distributed import Group
 from mtrain.run.directory import (
     AVERAGED,
@@ -109,6 +109,7 @@ class TrainingState:
     dtype: str  # what the updates compute in: autocast's dtype, or float32
     average: MovingAverage | None = None  # train.ema_decay's
     choice: Choice | None = None  # what the run chose from its plan, once planned
+    dropout: float = field(kw_only=True)  # model.dropout, which a run begun before runs chose keeps
 
     def weights(self) -> dict[str, Any]:
         """The model a checkpoint offers for translation (the moving average, where the run
@@ -121,6 +122,7 @@ class TrainingState:
         """A checkpoint of the run at `progress`; `rng` holds every rank's random generators."""
         return {
             "format": FORMAT,
+            "config_version": VERSION,  # the schema of the run's config.yaml
             **self.weights(),
             "tokenizer": self.tokenizer,
             "dtype": self.dtype,
@@ -163,8 +165,11 @@ class TrainingState:
                 )
             runtime.set_rng_state(rng[group.rank])
             self.scores.load_state_dict(state)
-            chosen = state.get("chosen")  # absent: written before runs chose from their plan
-            self.choice = None if chosen is None else Choice.from_dict(chosen)
+            if "chosen" not in state:  # begun before runs chose from their plan: it never does
+                self.choice = Choice.kept(self.dropout)
+            else:
+                chosen = state["chosen"]  # None: not planned yet
+                self.choice = None if chosen is None else Choice.from_dict(chosen)
             finished = state["finished"]  # written by `Checkpoints.mark_finished`
             return Progress(
                 state["step"],

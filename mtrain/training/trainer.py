@@ -107,6 +107,7 @@ class Trainer:
             fingerprint,
             dtype,
             average,
+            dropout=cfg.model.dropout,
         )
         progress = self.resume() if resume else Progress()
         if not resume and group.rank:  # the same initial weights everywhere, other dropout masks
