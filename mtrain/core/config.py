@@ -435,7 +435,8 @@ def load(
 
     With `require_data`, as for training, the config must name its corpora. `run`: the config
     of the run this one resumes, whose values the keys the file and overrides do not name keep
-    (a file written before a key existed does not change it). A file that names its version
+    (a file written before a key existed does not change it), and keys since removed are
+    ignored. A file that names its version
     is a run's record, upgraded as such; one without is read with today's defaults.
     """
     raw = read_mapping(path)
@@ -447,7 +448,8 @@ def load(
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
     named = raw
-    if run is not None:
+    if run is not None:  # a file written before a key went may still name it
+        named = config_upgrade.without_removed(named)
         raw = run.to_dict()
         for section, values in named.items():
             inner = isinstance(values, dict) and isinstance(raw.get(section), dict)

@@ -68,16 +68,21 @@ REMOVED = {("decode", "batch_size"), ("train", "compile")}
 
 def upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
     """A run's config record of schema `version` (its `VERSION_KEY` taken out) in today's."""
-    record = {
-        name: dict(section) if isinstance(section, dict) else section
-        for name, section in record.items()
-    }
+    record = without_removed(record)
     if version < 2:
-        for section, key in REMOVED:
-            if isinstance(record.get(section), dict):
-                record[section].pop(key, None)
         for (section, key), value in ADDED.items():
             values = record.setdefault(section, {})
             if isinstance(values, dict):  # else refused, with its key, when the config is built
                 values.setdefault(key, copy.deepcopy(value))
     return record
+
+
+def without_removed(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping less the keys the schema no longer has (REMOVED); a copy."""
+    raw = {
+        name: dict(values) if isinstance(values, dict) else values for name, values in raw.items()
+    }
+    for section, key in REMOVED:
+        if isinstance(raw.get(section), dict):
+            raw[section].pop(key, None)
+    return raw
