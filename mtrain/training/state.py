@@ -66,6 +66,7 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
             }
         ]
     state.setdefault("dtype", None)  # unknown: no warning of another one
+    state.setdefault("stale", 0)  # before train.patience (ff2b51d), which such a run has off
     state.setdefault("validated", True)
     state.setdefault("finished", None)
     finished = state["finished"]
