@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
+from mtrain.cli import app
 from mtrain.commands.train import check_resumable, resumed, run_training
 from mtrain.core import config, runtime
 from mtrain.core.config_upgrade import ADDED, REMOVED, VERSION
@@ -193,6 +195,9 @@ def test_an_old_run_resumes_with_its_tokenizer_corpus_and_dropout(commit, corpus
     Trainer(cfg, run, CPU).run()
     written = load_checkpoint(run / "last.pt")
     make_old(run, old, commit)
+    shown = CliRunner().invoke(app, ["info", str(run), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["config"] == cfg.to_dict()  # what the run really uses
 
     resumed_cfg = resume_config(tmp_path, run, old, max_steps=10)
     assert resumed_cfg.to_dict() == cfg.to_dict() | {
