@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from mtrain.cli import app
 from mtrain.core import config
 from mtrain.model.transformer import Dropout
-from mtrain.run.directory import load_checkpoint
+from mtrain.run.directory import load_checkpoint, save_checkpoint
 from mtrain.training import update_step
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.build import build_trainer
@@ -127,6 +127,51 @@ def test_a_resumed_run_trains_on_with_its_choice(corpus, tmp_path):
     resumed = build_trainer(again, tmp_path, CPU, resume=True)
     assert resumed.choice == Choice(6, 0.05)
     assert rates(resumed.model) == {0.05}
+
+
+def test_a_run_begun_before_runs_chose_keeps_its_dropout(corpus, tmp_path):
+    """Its checkpoints hold no choice: resumed under a config whose plan would choose, it does
+    not, on this resume or the next, and trains on as it would have uninterrupted."""
+    began = small_config(
+        corpus, max_steps=6, eval_every=3, short_run_updates=0, lr_schedule="linear"
+    )
+    first = build_trainer(began, tmp_path, CPU)
+    real_loss = update_step.loss_fn
+
+    def stop_at_4(*args, **kwargs):
+        if first.step == 3:
+            raise Enough  # killed after the checkpoint of step 3
+        return real_loss(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Enough):
+        patch.setattr(update_step, "loss_fn", stop_at_4)
+        first.run()
+    state = load_checkpoint(tmp_path / "last.pt")
+    del state["chosen"], state["config_version"]  # as mtrain wrote it before runs chose
+    save_checkpoint(tmp_path / "last.pt", state)
+    planning = small_config(
+        corpus,
+        max_steps=6,
+        eval_every=3,
+        short_run_updates=100,
+        short_run_dropout=0.05,
+        lr_schedule="linear",
+    )
+    resumed = build_trainer(planning, tmp_path, CPU, resume=True)
+    seen = []
+
+    def loss(*args, **kwargs):
+        seen.append(rates(resumed.model))
+        return real_loss(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(update_step, "loss_fn", loss)
+        resumed.run()
+    assert seen == [{0.1}] * 3  # model.dropout, configs/tiny.yaml's
+    assert resumed.choice == Choice.kept(0.1)
+    kept = {"planned_updates": None, "dropout": 0.1}
+    assert load_checkpoint(tmp_path / "last.pt")["chosen"] == kept
+    assert Choice.from_dict(kept) == resumed.choice  # and the next resume keeps it too
 
 
 def test_info_shows_the_choice(corpus, tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from mtrain.core.config import ConfigError
 from mtrain.training import compiled
+from mtrain.training.build import build_trainer
 from mtrain.training.trainer import Trainer
 
 from .synthetic import small_config
@@ -22,7 +23,7 @@ def losses(corpus, path, compile_: bool) -> tuple[Trainer, list[float]]:
     cfg = small_config(corpus, precision="fp32", compile=str(compile_).lower())
     cfg.model.dropout = 0.0
     path.mkdir()
-    trainer = Trainer(cfg, path, CPU)
+    trainer = build_trainer(cfg, path, CPU)
     updates = trainer.data.updates(trainer.group, cfg.train.accumulate)
     out = [float(trainer.update_step(next(updates))) for _ in range(UPDATES)]
     updates.close()

@@ -18,7 +18,8 @@ from mtrain.data.pairs import Batch, group_references, read_parallel
 from mtrain.decoding.search import beam_search, greedy
 from mtrain.decoding.translator import Translator
 from mtrain.run.directory import load_checkpoint, load_run
-from mtrain.training.trainer import Trainer, Update
+from mtrain.training.build import build_trainer
+from mtrain.training.trainer import Update
 
 from .synthetic import REPO, overrides, small_model
 from .test_decode import VOCAB, sources
@@ -55,7 +56,7 @@ def test_one_update_on_cuda_equals_the_cpus(corpus, tmp_path, precision):
     for device in (CPU, CUDA):
         (tmp_path / device.type).mkdir()
         cfg = tiny(corpus, precision=precision)
-        trainers[device.type] = Trainer(cfg, tmp_path / device.type, device)
+        trainers[device.type] = build_trainer(cfg, tmp_path / device.type, device)
     cpu, cuda = trainers["cpu"], trainers["cuda"]
     for a, b in zip(cpu.model.parameters(), cuda.model.parameters()):
         assert torch.equal(a, b.cpu())  # the same initial weights
@@ -82,9 +83,9 @@ def test_cached_and_uncached_greedy_agree_and_beam_of_one_is_greedy_on_cuda(exac
 
 @pytest.mark.parametrize(("first", "then"), [(CUDA, CPU), (CPU, CUDA)])
 def test_a_checkpoint_resumes_on_the_other_device(corpus, tmp_path, first, then):
-    Trainer(tiny(corpus, max_steps=6, eval_every=3), tmp_path, first).run()
+    build_trainer(tiny(corpus, max_steps=6, eval_every=3), tmp_path, first).run()
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 6
-    resumed = Trainer(tiny(corpus, max_steps=9, eval_every=3), tmp_path, then, resume=True)
+    resumed = build_trainer(tiny(corpus, max_steps=9, eval_every=3), tmp_path, then, resume=True)
     assert resumed.step == 6
     resumed.run()
     state = load_checkpoint(tmp_path / "last.pt")
@@ -128,9 +129,9 @@ def test_serve_on_cuda_answers(run_dir):
 
 
 def test_a_batch_too_large_for_the_gpu_is_skipped_with_one_line(corpus, tmp_path, caplog):
-    trainer = Trainer(tiny(corpus, precision="fp32"), tmp_path, CUDA)
+    trainer = build_trainer(tiny(corpus, precision="fp32"), tmp_path, CUDA)
     rows, length = 300_000, 32  # fp32 logits alone: 11.5 GB, over the 7 GB allowed below
-    vocab = min(trainer.tokenizer.src_vocab_size, trainer.tokenizer.tgt_vocab_size)
+    vocab = min(trainer.data.tokenizer.src_vocab_size, trainer.data.tokenizer.tgt_vocab_size)
     ids = torch.randint(4, vocab, (rows, length))
     huge = Update.of([Batch(ids, ids, ids)])
     torch.cuda.set_per_process_memory_fraction(0.05)

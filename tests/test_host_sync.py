@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mtrain.training.build import build_trainer
 from mtrain.training.run_log import LOG_EVERY
 from mtrain.training.trainer import Trainer
 
@@ -108,7 +109,7 @@ def test_updates_between_log_steps_do_not_read_the_device(
     cfg = small_config(
         corpus, max_steps=2 * eval_every + 3, eval_every=eval_every, skip_nonfinite=skip_nonfinite
     )
-    trainer = Trainer(cfg, tmp_path, torch.device("cpu"))
+    trainer = build_trainer(cfg, tmp_path, torch.device("cpu"))
     reads = counted_run(trainer, monkeypatch)
     assert trainer.step == cfg.train.max_steps
     quiet = [s for s in range(1, trainer.step) if s % LOG_EVERY and s % eval_every]

@@ -1,6 +1,14 @@
+import fcntl
 import itertools
 import json
+import os
+import pty
+import re
 import signal
+import struct
+import subprocess
+import sys
+import termios
 
 import numpy as np
 import pytest
@@ -17,6 +25,8 @@ from mtrain.training.trainer import Interrupted, Trainer, Update, Validation
 from mtrain.training.validation import Validator
 
 from .synthetic import REPO, overrides, small_config
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 CPU = torch.device("cpu")
 
@@ -168,3 +178,52 @@ def test_patience_still_ends_an_inverse_sqrt_schedule(corpus, tmp_path):
     trainer.run()
     assert trainer.step == 10
     assert load_checkpoint(tmp_path / "last.pt")["finished"]["limit"] == "patience"
+
+
+def train_command(corpus, out) -> list[str]:
+    """`mtrain train` of the tiny config for 20 steps on the synthetic corpus."""
+    command = [sys.executable, "-m", "mtrain", "train", "--config", "configs/tiny.yaml"]
+    settings = overrides(corpus, max_steps=20, eval_every=10)
+    return [*command, "--out", str(out), *(f"--set={s}" for s in settings)]
+
+
+def test_progress_is_plain_lines_where_stderr_is_a_file(corpus, tmp_path):
+    """`mtrain train 2> FILE` keeps lines a script can read, not the bar's redrawn frames."""
+    log_file = tmp_path / "train.log"
+    with log_file.open("w") as stderr:
+        done = subprocess.run(
+            train_command(corpus, tmp_path / "run"), cwd=REPO, env=ENV, stderr=stderr
+        )
+    text = log_file.read_text("utf-8")
+    assert done.returncode == 0, text
+    assert "\r" not in text and "train:" not in text
+    lines = text.splitlines()
+    progress = [line for line in lines if line.startswith("step 10/20  ")]
+    assert len(progress) == 1, text  # the first record's line; step 20 is within PLAIN_EVERY
+    assert re.fullmatch(r"step 10/20  loss \S+  lr \S+  tok_s \d+", progress[0]), progress
+    assert any(re.match(r"step 10  .* dev BLEU", line) for line in lines), text  # validation
+    assert any(line.startswith("  我是谁 → ") for line in lines), text  # its example
+
+
+def test_progress_is_a_bar_on_a_terminal(corpus, tmp_path):
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
+    proc = subprocess.Popen(
+        train_command(corpus, tmp_path / "run"), cwd=REPO, env=ENV, stderr=child
+    )
+    os.close(child)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal closes with the process
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(main)
+    assert proc.wait() == 0, output
+    text = output.decode("utf-8", "replace")
+    assert re.search(r"\rtrain: +\d+%", text)  # tqdm's frames
+    assert not re.search(r"^step 10/20  loss", text, re.MULTILINE)
+    assert re.search(r"step 10  .* dev BLEU", text)

@@ -142,9 +142,8 @@ def echo_training(summary: dict[str, Any], peak_lr: float) -> None:
         echo(f"  finished: {finished['reason']}{then}")
     if summary["chosen"] is not None:  # budget_recipe.py
         chosen = summary["chosen"]
-        echo(
-            f"  chosen from its plan of {chosen['planned_updates']:,} updates: "
-            f"dropout {chosen['dropout']:g}"
-        )
+        planned = chosen["planned_updates"]
+        plan = "begun before runs chose" if planned is None else f"of {planned:,} updates"
+        echo(f"  chosen from its plan {plan}: dropout {chosen['dropout']:g}")
     for name, size in summary["checkpoints"].items():
         echo(f"  {name:<18}{size / 2**20:8.1f} MiB")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from datetime import datetime
@@ -52,6 +53,14 @@ RESUMABLE_KEYS = {
 def is_run_dir(path: Path) -> bool:
     """A directory that mtrain trained into (or began to)."""
     return (path / CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
+
+
+def resumed(run_dir: Path) -> Config | None:
+    """The config of the run `run_dir` holds, in today's schema, if training would resume it:
+    the keys a config file does not name keep its values."""
+    if (run_dir / LAST).is_file() and (run_dir / CONFIG_FILE).is_file():
+        return run_config(run_dir)
+    return None
 
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
@@ -144,10 +153,10 @@ def train_run(
     from mtrain.training import tensorboard_log
 
     group = distributed.from_env()
-    cfg = config.load(config_path, overrides, require_data=True)
+    run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    cfg = config.load(config_path, overrides, require_data=True, run=resumed(run_dir))
     tensorboard_log.require(cfg.train)
     torch_device = runtime.pick_device(device, group.local_rank)
-    run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     resolve_data(cfg, config_path)
     parent = None
     if cfg.train.init_from:  # checked before anything is written; rank 0 alone reads it
@@ -185,6 +194,7 @@ def run_training(
         # Rank 0 alone owns the run directory; the others get what they need from it.
         with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
             resume = group.is_main and open_run(run_dir, cfg)
+            cfg = rank_0s_config(cfg, group)
             trainer = build_trainer(cfg, run_dir, device, resume, group, parent=parent)
             if group.is_main:
                 chosen = trainer.choice and trainer.choice.to_dict()
@@ -214,6 +224,16 @@ def run_training(
         raise distributed.DistributedError(
             f"rank {group.rank}: lost the other training processes ({first_line[:200]})"
         ) from None
+
+
+def rank_0s_config(cfg: Config, group: Group) -> Config:
+    """Rank 0's config on every rank (rank 0 alone reads the run's own, whose values a resumed
+    run keeps for the keys the config file does not name), with this rank's own corpus paths."""
+    theirs = group.broadcast(cfg, startup=True)
+    if group.is_main:
+        return cfg
+    paths = {key: getattr(cfg.data, key) for key in ("train", "dev", "test", "prepared_dir")}
+    return dataclasses.replace(theirs, data=dataclasses.replace(theirs.data, **paths))
 
 
 def check_out(run_dir: Path) -> None:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mtrain.core import yaml_limits
+from mtrain.core import config_upgrade, yaml_limits
+from mtrain.core.config_upgrade import VERSION, VERSION_KEY
 from mtrain.core.errors import MtrainError
 
 
@@ -424,23 +425,66 @@ def check_names_data(raw: dict[str, Any], path: Path) -> None:
         )
 
 
-def load(path: Path, overrides: list[str] = (), require_data: bool = False) -> Config:
-    """Load a YAML config file, apply `key=value` overrides and validate the result.
-
-    With `require_data`, as for training, the config must name its corpora.
-    """
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A config file's sections, less what a run recorded of its own choices (CHOSEN)."""
     raw = read_config(path)
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     raw.pop(CHOSEN, None)  # a run's record of its own choices: a new run makes its own
     raw.pop(PARENT, None)  # and of the run it started from
+    return raw
+
+
+def upgraded(raw: dict[str, Any], where: str, version: int) -> dict[str, Any]:
+    """A run's recorded config in today's schema; `version`: its schema when it names none."""
+    version = raw.pop(VERSION_KEY, version)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError(f"{where}: {VERSION_KEY}: expected a schema version, got {version!r}")
+    if version > VERSION:
+        raise ConfigError(
+            f"{where}: written by a newer mtrain (config version {version}; this one reads "
+            f"up to {VERSION}): upgrade mtrain"
+        )
+    return config_upgrade.upgrade(raw, version)
+
+
+def load(
+    path: Path,
+    overrides: list[str] = (),
+    require_data: bool = False,
+    run: Config | None = None,
+) -> Config:
+    """Load a YAML config file, apply `key=value` overrides and validate the result.
+
+    With `require_data`, as for training, the config must name its corpora. `run`: the config
+    of the run this one resumes, whose values the keys the file and overrides do not name keep
+    (a file written before a key existed does not change it), and keys since removed are
+    ignored. A file that names its version
+    is a run's record, upgraded as such; one without is read with today's defaults.
+    """
+    raw = read_mapping(path)
+    if VERSION_KEY in raw:
+        raw = upgraded(raw, str(path), VERSION)
     for assignment in overrides:
         try:
             apply_override(raw, assignment)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
+    named = raw
+    if run is not None:  # a file written before a key went may still name it
+        named = config_upgrade.without_removed(named)
+        raw = run.to_dict()
+        for section, values in named.items():
+            inner = isinstance(values, dict) and isinstance(raw.get(section), dict)
+            raw[section] = {**raw[section], **values} if inner else values
     cfg = from_dict(raw, str(path))
     if require_data:
-        check_names_data(raw, path)
+        check_names_data(named, path)
     return cfg
+
+
+def load_recorded(path: Path) -> Config:
+    """A run's own config (its config.yaml, an export's mtrain.yaml), in today's schema with
+    the values the run used; a record that names no version is of schema 1."""
+    return from_dict(upgraded(read_mapping(path), str(path), 1), str(path))

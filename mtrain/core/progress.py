@@ -12,3 +12,10 @@ with warnings.catch_warnings():
     from tqdm.auto import tqdm
 
 __all__ = ["tqdm"]
+
+
+def is_widget() -> bool:
+    """Whether the bar is Jupyter's widget (drawn in place, never as lines on stderr)."""
+    from tqdm import notebook
+
+    return issubclass(tqdm, notebook.tqdm)

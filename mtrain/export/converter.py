@@ -32,7 +32,7 @@ from mtrain.core.files import (
 )
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
 from mtrain.model.transformer import PositionalEncoding, Transformer
-from mtrain.run.directory import BEST, load_run
+from mtrain.run.directory import BEST, config_record, load_run
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ def write_directory(
     spec.save(str(out))
     (out / SRC_MODEL).write_bytes(tokenizer.src.serialized_model_proto())
     (out / TGT_MODEL).write_bytes(tokenizer.tgt.serialized_model_proto())
-    config_text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+    config_text = yaml.safe_dump(config_record(cfg), sort_keys=False, allow_unicode=True)
     (out / MTRAIN_CONFIG).write_text(config_text, encoding="utf-8")
     (out / README).write_text(text, encoding="utf-8")
     files = sorted({p.name for p in out.iterdir()} | {MANIFEST})

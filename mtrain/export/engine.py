@@ -151,7 +151,7 @@ def load(
             f"{directory}: not a directory written by mtrain export (no {MTRAIN_CONFIG}){hint}"
         )
     try:
-        cfg = config.load(directory / MTRAIN_CONFIG)
+        cfg = config.load_recorded(directory / MTRAIN_CONFIG)
         tokenizer = Tokenizer.load(directory)
     except (OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: {e}") from None

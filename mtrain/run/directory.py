@@ -57,6 +57,7 @@ def save_copy(src: Path, dst: Path) -> None:
 # type of each: a damaged or foreign file is refused here, not deep inside a resume or an average.
 ENTRIES = {
     "format": int,
+    "config_version": int,  # the schema of the run's config (config_upgrade.py)
     "model": dict,
     "step": int,
     "tokenizer": str,
@@ -204,12 +205,17 @@ def write_config(
     chosen: dict[str, Any] | None = None,
     parent: dict[str, Any] | None = None,
 ) -> None:
-    """The run's config.yaml: its config, what the run chose from its plan (`chosen`), and the
-    run it started from (`parent`, run/lineage.py)."""
-    record = cfg.to_dict() | ({config_mod.CHOSEN: chosen} if chosen else {})
+    """The run's config.yaml: its schema version, its config, what the run chose from its plan
+    (`chosen`), and the run it started from (`parent`, run/lineage.py)."""
+    record = config_record(cfg) | ({config_mod.CHOSEN: chosen} if chosen else {})
     record |= {config_mod.PARENT: parent} if parent else {}
     text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
     write_atomic(run_dir / CONFIG_FILE, text)
+
+
+def config_record(cfg: Config) -> dict[str, Any]:
+    """A run's config as its files record it: the schema version first (config_upgrade.py)."""
+    return {config_mod.VERSION_KEY: config_mod.VERSION, **cfg.to_dict()}
 
 
 def build_model(cfg: Config, tokenizer: Tokenizer | None = None) -> Transformer:
@@ -239,7 +245,7 @@ def run_config(run_dir: Path) -> Config:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
-    return config_mod.load(path)
+    return config_mod.load_recorded(path)
 
 
 def load_run(

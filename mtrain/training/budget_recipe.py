@@ -6,7 +6,9 @@ a run whose end is planned short of `train.short_run_updates` trains with
 `train.short_run_dropout` instead of `model.dropout`. The choice is made once, when the end is
 first planned (at once under `train.max_steps`, after warmup under a time budget, where the
 measured speed plans it), and holds for the rest of the run, resumes included: the checkpoints
-keep it, and the run's config.yaml records it in its `chosen` section for people to read.
+keep it, and the run's config.yaml records it in its `chosen` section for people to read. A run
+begun before runs chose (its checkpoints have no `chosen` entry) never chooses: resumed by this
+mtrain, it keeps model.dropout, as it would have uninterrupted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 class Choice:
     """What a run chose from its plan."""
 
-    planned_updates: int  # the run's planned end when it chose
+    planned_updates: int | None  # the run's planned end when it chose; None: it never chose
     dropout: float
 
     @classmethod
@@ -37,8 +39,14 @@ class Choice:
         return cls(planned_updates, cfg.train.short_run_dropout if short else cfg.model.dropout)
 
     @classmethod
+    def kept(cls, dropout: float) -> Choice:
+        """The choice of a run begun before runs chose from their plan: its model.dropout."""
+        return cls(None, dropout)
+
+    @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Choice:
-        return cls(int(record["planned_updates"]), float(record["dropout"]))
+        planned = record["planned_updates"]
+        return cls(None if planned is None else int(planned), float(record["dropout"]))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -46,6 +54,8 @@ class Choice:
     def describe(self, cfg: Config) -> str:
         """The choice in words, for the log."""
         limit = cfg.train.short_run_updates
+        if self.planned_updates is None:
+            return f"begun before runs chose from their plan: dropout {self.dropout:g} throughout"
         if self.dropout == cfg.model.dropout:
             if self.planned_updates < limit:
                 return f"planned {self.planned_updates} updates: dropout {self.dropout:g}"

@@ -134,7 +134,17 @@ def training_state(
     fingerprint = data.tokenizer.fingerprint()
     record = parent and parent.record
     return TrainingState(
-        model, optimizer, schedule, scaler, data, scores, fingerprint, dtype, average, parent=record
+        model,
+        optimizer,
+        schedule,
+        scaler,
+        data,
+        scores,
+        fingerprint,
+        dtype,
+        average,
+        parent=record,
+        dropout=cfg.model.dropout,
     )
 
 

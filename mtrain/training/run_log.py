@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from mtrain.core import jsonl
+from mtrain.core import jsonl, progress
 from mtrain.core.config import TrainConfig
 from mtrain.core.progress import tqdm
 from mtrain.run.directory import EXAMPLES, METRICS, TENSORBOARD, TRAIN_LOG
@@ -23,6 +24,10 @@ from mtrain.training.validation import Validation
 
 log = logging.getLogger(__name__)
 LOG_EVERY = 10  # steps per progress-bar update and per train.jsonl record
+# Where stderr is not a terminal (`mtrain train 2> train.log`), a plain line replaces the bar's
+# redrawn frames: every PLAIN_EVERY updates, or sooner once PLAIN_SECONDS have passed (at a
+# LOG_EVERY step). A 29-minute default run writes about 50 such lines.
+PLAIN_EVERY, PLAIN_SECONDS = 100, 60.0
 # Under a time budget the bar shows the budget's minutes left (in its postfix), not tqdm's
 # estimate from its recent speed, which validations slow down.
 BUDGET_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
@@ -71,7 +76,9 @@ def run_log(
     run_dir: Path, cfg: TrainConfig, main: bool, coordinator: Coordinator, step: int, minutes: float
 ) -> Iterator[RunLog]:
     """The run's log, open while it trains from `step`, `minutes` into the run, to where the
-    coordinator says it is headed; on a rank other than 0, a log that shows and writes nothing."""
+    coordinator says it is headed; on a rank other than 0, a log that shows and writes nothing.
+    The bar is drawn on a terminal only: elsewhere its fields come as plain lines."""
+    plain = main and not sys.stderr.isatty() and not progress.is_widget()
     with contextlib.ExitStack() as files:
         bar = tqdm(
             total=coordinator.end_step(step, minutes),
@@ -79,7 +86,7 @@ def run_log(
             desc="train",
             unit="step",
             dynamic_ncols=True,
-            disable=not main,
+            disable=not main or plain,
             bar_format=BUDGET_BAR if cfg.max_minutes else None,
         )
         files.enter_context(bar)
@@ -89,6 +96,7 @@ def run_log(
             return files.enter_context(path.open("a", encoding="utf-8")) if main else None
 
         logs = RunLog(bar, open_log(METRICS), TrainLog(open_log(TRAIN_LOG)), coordinator)
+        logs.plain = plain
         logs.examples = open_log(EXAMPLES)
         if main and cfg.tensorboard:
             logs.tensorboard = TensorBoardLog(run_dir / TENSORBOARD, step)
@@ -107,6 +115,9 @@ class RunLog:
         self.examples = None  # examples.jsonl, open on rank 0
         self.tensorboard: TensorBoardLog | None = None
         self.dev_bleu: float | None = None  # of the last validation
+        self.postfix: dict[str, str] = {}  # the bar's fields as last shown
+        self.plain = False  # plain lines instead of the bar (stderr is not a terminal)
+        self.plain_step, self.plain_time = None, time.monotonic()  # of the last plain line
         self.restart_window()
 
     def restart_window(self) -> None:
@@ -126,6 +137,8 @@ class RunLog:
         if step % LOG_EVERY == 0:
             tok_s = self.window_tokens / (time.monotonic() - self.window_start)
             self.show(float(loss), lr, tok_s, minutes)
+            if self.plain:
+                self.show_plain(step, minutes)
             mean_loss = self.train_log.write(step, minutes, lr)
             if self.tensorboard:
                 self.tensorboard.train(step, mean_loss, lr, tok_s)
@@ -140,6 +153,17 @@ class RunLog:
         if left is not None:
             postfix["left"] = tqdm.format_interval(60 * left)
         self.bar.set_postfix(postfix)
+        self.postfix = postfix
+
+    def show_plain(self, step: int, minutes: float) -> None:
+        """The bar's fields as one line, every PLAIN_EVERY updates or PLAIN_SECONDS."""
+        due = self.plain_step is None or step - self.plain_step >= PLAIN_EVERY
+        if not due and time.monotonic() - self.plain_time < PLAIN_SECONDS:
+            return
+        self.plain_step, self.plain_time = step, time.monotonic()
+        end = self.coordinator.end_step(step, minutes)
+        fields = "  ".join(f"{key} {value}" for key, value in self.postfix.items())
+        log.info("step %d/%s  %s", step, "?" if end is None else end, fields)
 
     def validation(self, event: str, val: Validation, improved: bool, **extra) -> None:
         """Record a validation (event "validation") or that of the averaged model ("average"):

@@ -15,14 +15,14 @@ import math
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mtrain.core import runtime
-from mtrain.core.config import TrainConfig
+from mtrain.core.config import VERSION, TrainConfig
 from mtrain.core.distributed import Group
 from mtrain.run.directory import (
     AVERAGED,
@@ -69,6 +69,7 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
             }
         ]
     state.setdefault("dtype", None)  # unknown: no warning of another one
+    state.setdefault("stale", 0)  # before train.patience (ff2b51d), which such a run has off
     state.setdefault("validated", True)
     state.setdefault("finished", None)
     finished = state["finished"]
@@ -125,6 +126,7 @@ class TrainingState:
     average: MovingAverage | None = None  # train.ema_decay's
     choice: Choice | None = None  # what the run chose from its plan, once planned
     parent: dict[str, Any] | None = None  # the run it started from (run/lineage.py)
+    dropout: float = field(kw_only=True)  # model.dropout, which a run begun before runs chose keeps
 
     def weights(self) -> dict[str, Any]:
         """The model a checkpoint offers for translation (the moving average, where the run
@@ -142,6 +144,7 @@ class TrainingState:
         """A checkpoint of the run at `progress`; `rng` holds every rank's random generators."""
         return {
             "format": FORMAT,
+            "config_version": VERSION,  # the schema of the run's config.yaml
             **self.weights(),
             "tokenizer": self.tokenizer,
             "dtype": self.dtype,
@@ -185,8 +188,11 @@ class TrainingState:
                 )
             runtime.set_rng_state(rng[group.rank])
             self.scores.load_state_dict(state)
-            chosen = state.get("chosen")  # absent: written before runs chose from their plan
-            self.choice = None if chosen is None else Choice.from_dict(chosen)
+            if "chosen" not in state:  # begun before runs chose from their plan: it never does
+                self.choice = Choice.kept(self.dropout)
+            else:
+                chosen = state["chosen"]  # None: not planned yet
+                self.choice = None if chosen is None else Choice.from_dict(chosen)
             self.parent = state.get("parent")  # absent: its own weights, or written before
             finished = state["finished"]  # written by `Checkpoints.mark_finished`
             return Progress(
