@@ -71,25 +71,15 @@ def encode_corpus(
     train = corpora(d.train, d.swap_columns)
     sample, n_lines = _sample(train, cfg, progress, digests)
     sampled = time.monotonic()
-    if tokenizer is None:
-        src, tgt = [s for s, _ in sample], [t for _, t in sample]
-        tokenizer = Tokenizer.train(src, tgt, cfg.tokenizer, d.src_lang, d.tgt_lang, out)
-    else:
-        tokenizer.write(out)
+    tokenizer = _tokenizer(cfg, sample, out, tokenizer)
     del sample
     trained = time.monotonic()
     vocab = tokenizer.vocab_sizes()
     dtype = token_dtype(vocab)
     settings = encode_worker.Settings(
-        *tokenizer.protos(),
-        d.src_lang,
-        d.tgt_lang,
-        d.max_src_len,
-        d.max_tgt_len,
-        d.max_len_ratio,
-        _heldout_sources(cfg),
-        dtype.str,
-    )
+        *tokenizer.protos(), d.src_lang, d.tgt_lang, d.max_src_len, d.max_tgt_len,
+        d.max_len_ratio, _heldout_sources(cfg), dtype.str,
+    )  # fmt: skip
     lengths, hashes, counts, files = _encode(train, settings, out, n_lines, workers, progress)
     keep = _first_occurrences(hashes)
     counts["duplicate"] = int(len(keep) - keep.sum())
@@ -118,6 +108,17 @@ def encode_corpus(
             "total": round(time.monotonic() - began, 1),
         },
     }
+
+
+def _tokenizer(
+    cfg: Config, sample: list[tuple[str, str]], out: Path, given: Tokenizer | None
+) -> Tokenizer:
+    """The tokenizer trained on `sample` into `out`, or the `given` one written there as it is."""
+    if given is not None:
+        given.write(out)
+        return given
+    src, tgt = [s for s, _ in sample], [t for _, t in sample]
+    return Tokenizer.train(src, tgt, cfg.tokenizer, cfg.data.src_lang, cfg.data.tgt_lang, out)
 
 
 def drops(counts: dict) -> str:
