@@ -92,7 +92,13 @@ def train_worker(rank, world_size, port, corpus, run_dir, accumulate, report) ->
     distributed.stop(group)
     report = Path(report)
     report.with_name(f"{report.name}.{rank}").write_text(
-        json.dumps({"consumed": consumed, "allreduces": len(allreduces), "losses": losses})
+        json.dumps(
+            {
+                "consumed": consumed,
+                "allreduces": len(allreduces),
+                "losses": [float(x) for x in losses],
+            }
+        )
     )
     names = [name for name, _ in trainer.model.named_parameters()]
     torch.save([dict(zip(names, update)) for update in grads], f"{report}.{rank}.grads")

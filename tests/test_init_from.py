@@ -88,7 +88,7 @@ def test_a_run_starts_from_its_parents_weights_and_encodes_with_its_pieces(
     assert mine.keys() == weights.keys()
     for name, tensor in weights.items():
         assert torch.equal(mine[name], tensor), name
-    record = trainer.parent
+    record = trainer.state.parent
     assert record["run"] == str(parent) and record["checkpoint"] == "best.pt"
     assert record["step"] == load_checkpoint(parent / "best.pt")["step"]
     assert record["weights"] == weights_digest(mine)

@@ -191,6 +191,10 @@ def load_model(engine: Engine, d: Decoding) -> TranslationModel:
     translates (the latest run where `d` names none)."""
     if engine is Engine.ctranslate2 and d.run is None:
         fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")
+    if engine is Engine.mtrain:
+        from mtrain.core import runtime
+
+        runtime.pick_device(d.device)  # a wrong --device is said before a run is looked for
     run = d.run if engine is Engine.ctranslate2 else resolve_run(d.run)
     int8 = d.quantize is Quantize.int8
     return open_model(run, engine.value, d.device, d.checkpoint, int8, d.beam, d.alpha, d.nbest)
