@@ -293,10 +293,7 @@ class DirectoryLock:
             if not self.beside or _is_at(f, self.path):
                 break
             f.close()  # its holder removed it as it let go: lock the file there now
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")  # the holder, for messages
-        f.flush()
+        _claim(f, "pid")  # the holder, for messages
         self.file = f
         return self
 
@@ -309,8 +306,7 @@ class DirectoryLock:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                f.seek(0)
-                holder = f.read().strip() or "unknown"
+                holder = _holder(f) or "unknown"
                 f.close()
                 raise DirectoryLocked(
                     f"{self.directory}: in use by another mtrain process ({holder}); "
@@ -340,7 +336,7 @@ def lock_holder(directory: Path) -> str | None:
         try:  # a shared lock is refused only while a holder has the exclusive one
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return f.read(200).decode("utf-8", "replace").strip() or "unknown"
+            return _holder(f) or "unknown"
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
 
@@ -348,6 +344,21 @@ def lock_holder(directory: Path) -> str | None:
 def lock_beside(directory: Path) -> DirectoryLock:
     """The lock of a directory that is replaced whole: a file beside it, removed when done."""
     return DirectoryLock(directory, directory.with_name(f".{directory.name}.lock"))
+
+
+def _claim(f: IO[str], label: str) -> None:
+    """Write who holds the lock on `f` into it: "LABEL 12 on host", what `_holder` reads."""
+    f.seek(0)
+    f.truncate()
+    f.write(f"{label} {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+
+
+def _holder(f: IO) -> str:
+    """Who a lock file says holds it (its first 200 characters), or "" where it says nothing."""
+    f.seek(0)
+    text = f.read(200)
+    return (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).strip()
 
 
 def _is_at(f: IO, path: Path) -> bool:
@@ -376,14 +387,10 @@ def wait_for_lock(path: Path, what: str) -> Iterator[None]:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
+                holder = _holder(f) or "another process"
                 log.warning("waiting for %s to finish %s", holder, what)
                 fcntl.flock(f, fcntl.LOCK_EX)  # released by the kernel however the holder ends
-        f.seek(0)
-        f.truncate()
-        f.write(f"mtrain pid {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
+        _claim(f, "mtrain pid")
         yield
 
 
