@@ -31,24 +31,10 @@ from mtrain.training import update_step
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.build import build_trainer
 
+from .fixtures.old_runs.reconstruct import COMMITS  # in the order mtrain wrote them
 from .synthetic import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "old_runs"
-# In the order mtrain wrote them (README.md there says what each schema added).
-COMMITS = [
-    "416dbc9",
-    "fe3ae92",
-    "c8b9337",
-    "ff2b51d",
-    "e91f4b9",
-    "683f2a0",
-    "da5aa77",
-    "dc6eecf",
-    "a2a5f5e",
-    "6c38272",
-    "6028b16",
-    "116cbc2",
-]
 # Those whose checkpoints hold the tokenizer's fingerprint and the batch stream's position:
 # the earlier ones cannot be resumed (a resume refuses them in one line).
 RESUMABLE = COMMITS[COMMITS.index("c8b9337") :]
