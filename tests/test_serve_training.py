@@ -20,7 +20,7 @@ from mtrain.core import jsonl
 from mtrain.core.files import LOCK_FILE, DirectoryLock, stamp
 from mtrain.decoding.translator import Translator
 from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
-from mtrain.serve import reload
+from mtrain.serve import reload, training_view
 from mtrain.serve.reload import ModelWatcher
 from mtrain.serve.service import Service
 from mtrain.serve.training_view import TrainingView
@@ -151,6 +151,90 @@ def test_a_fifo_for_a_log_is_reported_not_opened(tmp_path):
     assert done, "reading the view hung on a FIFO"
     assert "not a regular file" in done[0]["errors"][0]
     assert TrainingView(tmp_path).attention(0, "我是谁") is None
+
+
+def train_line(step: int) -> str:
+    return line({"event": "train", "step": step, "minutes": step / 10, "loss": 1.5, "lr": 1e-3})
+
+
+def test_two_looks_at_once_read_each_record_once(tmp_path, monkeypatch):
+    """A request's thread is parsing the log when a line is appended and a second request's
+    thread looks: each record is read once, in order, and the next line is not cut."""
+    path = tmp_path / TRAIN_LOG
+    path.write_text("".join(train_line(s) for s in (10, 20, 30)), "utf-8")
+    logs = TrainingView(tmp_path)
+    first_in, second_in, real = threading.Event(), threading.Event(), jsonl.lines
+
+    def lines(*args, **kwargs):
+        if not first_in.is_set():
+            first_in.set()
+            second_in.wait(1)  # a second look held outside meets no one: it goes on
+        else:
+            second_in.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jsonl, "lines", lines)
+    first = threading.Thread(target=logs.read)
+    first.start()
+    assert first_in.wait(60)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(train_line(40))
+    second = threading.Thread(target=logs.read)
+    second.start()
+    first.join()
+    second.join()
+    with path.open("a", encoding="utf-8") as f:  # past where a doubled reading would be
+        f.write("".join(train_line(s) for s in (50, 60, 70, 80)))
+    view = json.loads(logs.read().body)
+    assert view["train"]["step"] == [10, 20, 30, 40, 50, 60, 70, 80] and view["errors"] == []
+
+
+def test_a_look_for_attention_leaves_the_change_to_the_next_read(tmp_path):
+    path = tmp_path / EXAMPLES
+    path.write_text(line(validation(50, "I", "Hi")), "utf-8")
+    logs = TrainingView(tmp_path)
+    logs.read()
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line(validation(100, "Who am I?", "Hello")))
+    assert logs.attention(1, "你好")["step"] == 100  # this look reads the new line
+    steps = [v["step"] for v in json.loads(logs.read().body)["examples"]["validations"]]
+    assert steps == [50, 100]
+
+
+def test_a_line_longer_than_the_read_window_is_skipped_and_said_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(training_view, "READ_CHUNK", 256)
+    path = tmp_path / TRAIN_LOG
+    long = line({"event": "train", "step": 15, "minutes": 0.25, "note": "x" * 700})
+    path.write_text(train_line(10) + long + train_line(20), "utf-8")
+    logs = TrainingView(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(10):  # a few looks catch up, 256 bytes at a time
+            view = json.loads(logs.read().body)
+        assert view["train"]["step"] == [10, 20]
+        with path.open("a", encoding="utf-8") as f:
+            f.write(train_line(30) + long + train_line(40))
+        for _ in range(10):
+            view = json.loads(logs.read().body)
+    assert view["train"]["step"] == [10, 20, 30, 40]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("over 256 bytes" in s for s in said), said
+    assert f"{path}:2: " in said[0] and f"{path}:5: " in said[1]
+    assert view["errors"] == [f"{path}: 2 lines over 256 bytes skipped"]
+
+
+@pytest.mark.parametrize("same_mtime", [False, True])
+def test_a_log_rewritten_in_place_at_its_size_is_read_again(tmp_path, same_mtime):
+    path = tmp_path / TRAIN_LOG
+    path.write_text(train_line(10) + train_line(20), "utf-8")
+    before = os.stat(path)
+    logs = TrainingView(tmp_path)
+    assert json.loads(logs.read().body)["train"]["step"] == [10, 20]
+    with path.open("r+", encoding="utf-8") as f:  # same inode, same size
+        f.write(train_line(30) + train_line(40))
+    if same_mtime:  # a rewrite within the clock's tick
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_ino == before.st_ino
+    assert json.loads(logs.read().body)["train"]["step"] == [30, 40]
 
 
 # The checkpoint watcher ---------------------------------------------------------------------
