@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import logging
 import os
 import re
 import select
@@ -22,7 +23,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from mtrain.cli import app
 from mtrain.core.config import DecodeConfig
 from mtrain.serve import api
 from mtrain.serve.api import ApiError, Limits, SearchOptions
@@ -488,14 +491,50 @@ def test_sigterm_with_requests_in_flight_finishes_them_and_exits_cleanly(run_dir
     body = {"text": split_sentences()[:24] * 4, "beam": 4}
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(served.post, "/translate", body) for _ in range(4)]
-        while served.request("GET", "/health")[1]["queued"] == 0:  # until requests wait
-            assert not any(f.done() for f in futures)
+        until_a_request_waits(served, futures)
         status, stderr = served.stop(signal.SIGTERM)
         answers = [f.result() for f in futures]
     assert status == 0 and "Traceback" not in stderr, stderr
     assert "stopped by SIGTERM" in stderr
     for code, answer in answers:
         assert code == 200 and len(answer["translations"]) == 96
+
+
+def until_a_request_waits(served: Served, futures: list) -> None:
+    """Return once a whole request is queued behind the one decoding; raise a failed one's error."""
+    while served.request("GET", "/health")[1]["queued"] < 96:
+        for future in futures:
+            if future.done():
+                future.result()  # a request refused or cut: its own error, not a race's
+        assert not all(f.done() for f in futures), "every request was answered before one waited"
+
+
+def test_the_url_is_said_once_the_server_listens(run_dir, caplog):
+    """A client that connects as soon as the URL is on stderr is not refused: the line comes
+    once the socket listens, not when the app has started and uvicorn not yet listened."""
+    tried = []
+
+    class Connect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = re.search(r"serving .* on http://([\d.]+):(\d+)/", record.getMessage())
+            if found is None:
+                return
+            try:
+                socket.create_connection((found[1], int(found[2])), timeout=60).close()
+                tried.append("connected")
+            except OSError as e:
+                tried.append(repr(e))
+            signal.raise_signal(signal.SIGTERM)  # stop the server: the test is done
+
+    caplog.set_level(logging.INFO, logger="mtrain")
+    connect = Connect()
+    logging.getLogger("mtrain").addHandler(connect)
+    try:
+        result = CliRunner().invoke(app, ["serve", "--run", str(run_dir), "--port", "0"])
+    finally:
+        logging.getLogger("mtrain").removeHandler(connect)
+    assert tried == ["connected"], (tried, result.output)
+    assert result.exit_code == 0, result.output
 
 
 def test_ctrl_c_stops_an_idle_server_and_a_taken_port_is_one_line(run_dir):

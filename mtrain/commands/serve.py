@@ -231,7 +231,7 @@ def serve(
     how = "batching" if batching else "no batching"
     serving = "mtrain: serving %s (%s, %s) on %s  (Ctrl-C stops)"
     ready = functools.partial(log.info, serving, run_dir, engine.value, how, address)
-    server.run(wrap(build(service, policy, Limits(), ready, watcher), access), sock, net)
+    server.run(wrap(build(service, policy, Limits(), watcher), access), sock, net, ready)
 
 
 def serve_policy(

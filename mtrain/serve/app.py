@@ -297,21 +297,10 @@ def build(
     service: Service,
     policy: Policy,
     limits: Limits,
-    on_ready: Callable[[], None],
     watcher: ModelWatcher | None = None,
 ) -> Starlette:
-    """The app; `on_ready` runs once the batcher is up, before the first request is read.
-
-    With a `watcher`, a new checkpoint is served from the first batch after it loads.
-    """
+    """The app; with a `watcher`, a new checkpoint is served from the first batch after it loads."""
     server = Server(service, policy, limits, watcher)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with server.lifespan(app):
-            on_ready()
-            yield
-
     routes = [
         Route("/", server.page),
         Route("/translate", server.translate, methods=["POST"]),
@@ -324,5 +313,5 @@ def build(
         Mount("/static", StaticFiles(packages=[("mtrain.serve", "static")])),
     ]
     return Starlette(
-        routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan
+        routes=routes, exception_handlers={HTTPException: http_error}, lifespan=server.lifespan
     )

@@ -37,7 +37,8 @@ def bind(host: str, port: int) -> socket.socket:
 
     It listens only once the server starts (uvicorn calls listen() after the app's startup):
     until the model is loaded, a connection is refused at once, not left waiting unanswered,
-    while the bound port is already this server's, so one in use is known at the start.
+    while the bound port is already this server's, so one in use is known at the start. The
+    URL is said once it listens (`run`'s `ready`): a client that waits for it is not refused.
 
     Made with its protocol named, IPPROTO_TCP: asyncio turns Nagle's algorithm off only on
     connections whose socket says so (`socket.create_server` says 0), and with it on, a response
@@ -241,10 +242,15 @@ class Connection(H11Protocol):
 class Stopper(uvicorn.Server):
     """uvicorn's server, where any second signal, or the grace run out, cuts what is in flight."""
 
-    def __init__(self, config: uvicorn.Config, grace: float):
+    def __init__(self, config: uvicorn.Config, grace: float, ready: Callable[[], None]):
         super().__init__(config)
-        self.grace = grace
+        self.grace, self.ready = grace, ready
         self.signals: list[int] = []
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # the sockets listen now
+            self.ready()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.signals.append(sig)
@@ -274,8 +280,8 @@ class Stopper(uvicorn.Server):
         return len(tasks)
 
 
-def run(app, sock: socket.socket, net: Net) -> None:
-    """Serve on `sock` until a signal; log how it stopped.
+def run(app, sock: socket.socket, net: Net, ready: Callable[[], None]) -> None:
+    """Serve on `sock` until a signal; log how it stopped. `ready` runs once `sock` listens.
 
     The first signal stops taking connections and lets requests in flight finish, for up to
     `net.grace` seconds; a second signal, or the grace run out, answers what is left 503 and
@@ -299,7 +305,7 @@ def run(app, sock: socket.socket, net: Net) -> None:
         timeout_keep_alive=net.keep_alive,
         timeout_graceful_shutdown=None,  # Stopper.watch_grace keeps the grace
     )
-    server = Stopper(config, net.grace)
+    server = Stopper(config, net.grace, ready)
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(repeats.loop_exception)
