@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -393,6 +395,131 @@ def test_serve_on_a_run_before_its_first_validation_waits_for_best_pt(live_run):
         finally:
             status, stderr = served.stop()
     assert status == 0 and "Traceback" not in stderr, stderr
+
+
+# Journey (d): the page's clients poll the training view while a run writes its logs --------------
+
+
+def grown_logs(run: Path, rounds: int) -> list[tuple[str, dict]]:
+    """The tiny run's records, (log, record) in the order training writes them, `rounds` times
+    over with later steps: a longer run's logs, each line as training wrote it."""
+    logs = {name: jsonl.read(run / name) for name in (TRAIN_LOG, METRICS, EXAMPLES)}
+    last = max(r["step"] for records in logs.values() for r in records)
+    grown = []
+    for k in range(rounds):
+        for name, records in logs.items():
+            for r in records:
+                grown.append((name, {**r, "step": r["step"] + k * last}))
+    order = {TRAIN_LOG: 0, METRICS: 1, EXAMPLES: 2}  # a validation: metrics, then examples
+    return sorted(grown, key=lambda item: (item[1]["step"], order[item[0]]))
+
+
+def expected_view(records: list[tuple[str, dict]]) -> dict[str, list]:
+    """The steps the view shows of each log once all of `records` are written."""
+    kept = {
+        "train": lambda r: r.get("event", "train") == "train",
+        "validations": lambda r: r.get("event") in ("validation", "average") and "dev_bleu" in r,
+        "examples": lambda r: True,
+    }
+    name = {"train": TRAIN_LOG, "validations": METRICS, "examples": EXAMPLES}
+    return {k: [r["step"] for n, r in records if n == name[k] and kept[k](r)] for k in kept}
+
+
+def steps_of(view: dict) -> dict[str, list]:
+    return {
+        "train": view["train"]["step"],
+        "validations": [v["step"] for v in view["validations"]],
+        "examples": [v["step"] for v in view["examples"]["validations"]],
+    }
+
+
+class Client(threading.Thread):
+    """One page polling /training (with its ETag) and each validation's attention map, checking
+    every answer: each log's steps a prefix of the whole, never shorter than before."""
+
+    def __init__(self, served: Served, whole: dict[str, list], source: str, polled):
+        super().__init__(daemon=True)
+        self.served, self.whole, self.source, self.polled = served, whole, source, polled
+        self.seen = {k: [] for k in whole}
+        self.etag: str | None = None
+        self.done, self.problems = threading.Event(), []
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self.look()
+            self.look()  # once more after the writer stopped
+        except Exception as e:  # told to the test, which asserts there were none
+            self.problems.append(repr(e))
+
+    def look(self) -> None:
+        conn = http.client.HTTPConnection(self.served.host, self.served.port, timeout=300)
+        conn.request("GET", "/training", headers={"If-None-Match": self.etag or ""})
+        answer = conn.getresponse()
+        body = answer.read()
+        conn.close()
+        self.polled()
+        if answer.status == 304:
+            return
+        assert answer.status == 200, (answer.status, body[:300])
+        view = json.loads(body)
+        assert view["errors"] == [], view["errors"]
+        steps = steps_of(view)
+        for k, got in steps.items():
+            assert got == self.whole[k][: len(got)], (k, got)
+            assert len(got) >= len(self.seen[k]), (k, got, self.seen[k])
+        self.seen, self.etag = steps, answer.getheader("ETag")
+        for i, step in enumerate(steps["examples"]):
+            query = urllib.parse.urlencode({"validation": i, "source": self.source})
+            status, att = self.served.request("GET", f"/training/attention?{query}")
+            assert status == 200 and att["step"] == step and att["attention"], (i, status, att)
+
+
+def test_clients_polling_the_training_view_while_a_run_writes_see_each_record_once(live_run):
+    """Journey (d): a run's logs grow line by line, each line written in two pieces, while four
+    clients poll serve's training view; every record is seen once, in order, never a 500,
+    and after the writer stops every client has the whole of each log."""
+    records = grown_logs(live_run, rounds=4)
+    whole = expected_view(records)
+    source = records[[n for n, _ in records].index(EXAMPLES)][1]["examples"][0]["source"]
+    for name in (TRAIN_LOG, METRICS, EXAMPLES):
+        (live_run / name).unlink()
+    served = Served(live_run)
+    polls, looked = [0], threading.Condition()
+
+    def polled() -> None:
+        with looked:
+            polls[0] += 1
+            looked.notify_all()
+
+    def after_a_poll() -> None:  # the writer goes on once a client has looked at what it wrote
+        with looked:
+            seen = polls[0]
+            looked.wait_for(lambda: polls[0] > seen, timeout=60)
+
+    clients = [Client(served, whole, source, polled) for _ in range(4)]
+    try:
+        for client in clients:
+            client.start()
+        files = {name: (live_run / name).open("ab") for name in (TRAIN_LOG, METRICS, EXAMPLES)}
+        for name, record in records:
+            data = line(record).encode("utf-8")
+            for piece in (data[: len(data) // 2], data[len(data) // 2 :]):
+                files[name].write(piece)
+                files[name].flush()
+                after_a_poll()
+        for f in files.values():
+            f.close()
+        for client in clients:
+            client.done.set()
+        for client in clients:
+            client.join(600)
+    finally:
+        status, stderr = served.stop()
+    for client in clients:
+        assert not client.is_alive() and client.problems == [], client.problems
+        assert client.seen == whole
+    assert status == 0 and "Traceback" not in stderr and " 500 " not in stderr, stderr
 
 
 @pytest.mark.parametrize("pid", [999999999, os.getpid()])  # gone; alive but no trainer
