@@ -47,6 +47,12 @@ def pairs_of(lines: Iterable[str], name: str) -> Iterator[tuple[str, str, str]]:
         yield f"{name}:{number}", *fields
 
 
+def given_pairs(texts: list[str]) -> Iterator[tuple[str, str, str]]:
+    """SOURCE TARGET arguments as ("pair N", source, target)."""
+    for n, (source, target) in enumerate(zip(texts[::2], texts[1::2]), 1):
+        yield f"pair {n}", source, target
+
+
 def warn_truncated(where: str, score: Score, cfg: DataConfig) -> None:
     """Say on stderr that a pair was scored cut, and where it is (its JSON says so too)."""
     for side in score.truncated:
@@ -108,8 +114,7 @@ def score(
     model = load_model(Engine.mtrain, Decoding(run, device, quantize, which))
     with contextlib.ExitStack() as stack:
         if texts:
-            given = enumerate(zip(texts[::2], texts[1::2]), 1)
-            pairs: Iterable[tuple[str, str, str]] = ((f"pair {n}", s, t) for n, (s, t) in given)
+            pairs: Iterable[tuple[str, str, str]] = given_pairs(texts)
         elif input_path:
             f = stack.enter_context(input_path.open("rb"))
             pairs = pairs_of(decode_lines(f, str(input_path)), str(input_path))
