@@ -140,19 +140,38 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, seconds: float
 
 
 def peaks(device: torch.device, quick: bool) -> dict:
-    """The measured matrix-multiply peaks, in TFLOP/s."""
+    """The measured matrix-multiply peaks, in TFLOP/s (3 significant figures: a CPU's fit in
+    hundredths). A CPU without a bf16 kernel has its bf16 figure null, with the reason: torch
+    emulates bf16 there, at a speed no run would train at."""
     n, seconds = (1024, 0.3) if quick else (8192, 2.0)
     kinds = {"bf16": (torch.bfloat16, False), "fp32": (torch.float32, False)}
     if device.type == "cuda":
         kinds["tf32"] = (torch.float32, True)
     found, tf32 = {}, torch.backends.cuda.matmul.allow_tf32
+    if device.type == "cpu" and not cpu_has_bf16():
+        del kinds["bf16"]
+        found |= {"bf16_tflops": None, "bf16_note": NO_BF16}
     try:
         for name, (dtype, allow) in kinds.items():
             torch.backends.cuda.matmul.allow_tf32 = allow
-            found[f"{name}_tflops"] = round(matmul_peak(device, dtype, n, seconds) / 1e12, 2)
+            found[f"{name}_tflops"] = significant(matmul_peak(device, dtype, n, seconds) / 1e12)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     return found
+
+
+NO_BF16 = "not measured: this CPU has no bf16 matmul kernel (oneDNN's), torch emulates it"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512 or AMX on x86, as oneDNN
+    finds them; ONEDNN_MAX_CPU_ISA=AVX2 hides them)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def significant(value: float, digits: int = 3) -> float:
+    """`value` rounded to `digits` significant figures, so that no small figure reads 0."""
+    return float(f"{value:.{digits}g}")
 
 
 def figure(text: str | None, pattern: str) -> float | None:
@@ -167,10 +186,10 @@ def bench_figures(text: str | None, bf16_peak: float | None) -> dict:
     return {
         "tokens_per_s": figure(text, r"tokens/s \(source \+ target, non-padding\): ([\d,.]+)"),
         "updates_per_s": figure(text, r"updates/s: ([\d.]+)"),
-        "achieved_tflops": achieved and round(achieved / 1e3, 4),
+        "achieved_tflops": achieved and significant(achieved / 1e3),
         "mfu_own_peak_pct": figure(text, r"MFU: ([\d.]+)%"),
         "mfu_bf16_peak_pct": (
-            round(100 * achieved / 1e3 / bf16_peak, 1) if achieved and bf16_peak else None
+            significant(100 * achieved / 1e3 / bf16_peak) if achieved and bf16_peak else None
         ),
         "peak_gpu_memory_mb": figure(text, r"peak CUDA memory: ([\d,]+) MB"),
         "peak_rss_mb": figure(text, r"peak resident memory: ([\d,]+) MB"),
@@ -196,6 +215,17 @@ def last_validation(run: Path) -> dict:
     }
 
 
+def device_of(name: str) -> torch.device:
+    """The device `--device` names, cuda or cpu; anything else ends the check with one line."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        sys.exit(f"gpu_check.py: --device {name}: expected cuda (or cuda:N) or cpu")
+    return device
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="the directory")
@@ -203,11 +233,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the tiny config, briefly")
     parser.add_argument("--train-minutes", type=float, default=3.0, help="step 5's budget")
     args = parser.parse_args()
-    device = torch.device(args.device)
+    device = device_of(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_check.py: no CUDA GPU here; --device cpu --quick checks the script")
     out = args.out.resolve()
-    check = Check(out)
+    try:
+        check = Check(out)
+    except OSError as e:  # a file in the way, a read-only disk
+        sys.exit(f"gpu_check.py: --out {args.out}: cannot write there ({e.strerror})")
     py, dev = sys.executable, ["--device", args.device]
     config = "configs/tiny.yaml" if args.quick else "configs/base-gpu.yaml"
     check.figures |= {"config": config, "quick": args.quick, "versions": versions(device)}

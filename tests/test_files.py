@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
+import socket
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -139,6 +142,53 @@ def test_recover_directory_renames_back_what_a_killed_writer_moved_aside(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     restored = "restored the earlier thing that a killed thing had moved aside"
     assert (restored in caplog.text) == (not target_there)
+
+
+def test_a_probe_of_the_lock_in_that_instant_does_not_refuse_the_trainer(tmp_path, monkeypatch):
+    """`lock_holder` holds a shared lock for an instant: a trainer that starts then takes the
+    lock once the probe lets go, rather than refusing with the last holder's name."""
+    (tmp_path / files.LOCK_FILE).write_text("pid 1 on a-host-long-gone\n", encoding="utf-8")
+    probe = (tmp_path / files.LOCK_FILE).open("rb")
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)  # as lock_holder holds it
+    let_go, gone = threading.Event(), threading.Event()
+
+    def prober():  # lets go when told: after the trainer has been refused once
+        let_go.wait()
+        probe.close()
+        gone.set()
+
+    real = fcntl.flock
+
+    def flock(f, operation):
+        real(f, operation)
+        if operation == fcntl.LOCK_SH | fcntl.LOCK_NB:  # the trainer saw no exclusive holder
+            let_go.set()
+            gone.wait()
+
+    thread = threading.Thread(target=prober)
+    thread.start()
+    monkeypatch.setattr(files.fcntl, "flock", flock)
+    try:
+        with files.DirectoryLock(tmp_path):
+            held = (tmp_path / files.LOCK_FILE).read_text(encoding="utf-8")
+            assert held == f"pid {os.getpid()} on {socket.gethostname()}\n"
+    finally:
+        let_go.set()
+        thread.join()
+    assert gone.is_set()
+
+
+def test_a_shared_lock_that_stays_refuses_the_trainer_naming_no_stale_holder(tmp_path, monkeypatch):
+    (tmp_path / files.LOCK_FILE).write_text("pid 1 on a-host-long-gone\n", encoding="utf-8")
+    monkeypatch.setattr(files, "PROBE_WAIT", 0.0)
+    with (tmp_path / files.LOCK_FILE).open("rb") as probe:
+        fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        with pytest.raises(files.DirectoryLocked, match="keeps a shared lock") as refused:
+            files.DirectoryLock(tmp_path).__enter__()
+    assert "long-gone" not in str(refused.value)
+    assert files.lock_holder(tmp_path) is None  # refused, it holds nothing
+    with files.DirectoryLock(tmp_path):
+        assert files.lock_holder(tmp_path) == f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 def test_a_lock_beside_a_directory_refuses_a_second_holder_and_goes_with_the_first(tmp_path):

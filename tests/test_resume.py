@@ -118,10 +118,11 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
         return loss * float("nan") if trainer.step == 7 else loss
 
     monkeypatch.setattr(update_step, "loss_fn", poisoned)
-    with pytest.raises(NonFiniteLoss, match="step 8: the loss is nan"):
-        trainer.run()
+    with pytest.raises(NonFiniteLoss, match=r"^step 8: the loss is nan; .*\(step 5\) is intact"):
+        trainer.run()  # stopped at the log step 10, which logs no NaN
     saved = load_checkpoint(tmp_path / "last.pt")
     assert saved["step"] == 5
+    assert jsonl.read(tmp_path / TRAIN_LOG) == []
     assert all(torch.isfinite(t).all() for t in saved["model"].values())
 
 

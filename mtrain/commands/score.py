@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,21 +26,39 @@ from mtrain.commands.common import (
     load_model,
     setup_logging,
 )
+from mtrain.core.config import DataConfig
 from mtrain.core.files import check_arguments, check_input_encoding
 from mtrain.data.pairs import decode_lines
 from mtrain.decoding.score import TOP_K, Score
 from mtrain.run.directory import BEST
 
+log = logging.getLogger(__name__)
 CHUNK = 2000  # pairs scored at a time: any length of input in bounded memory
 
 
-def pairs_of(lines: Iterable[str], name: str) -> Iterator[tuple[str, str]]:
-    """`source<TAB>target` lines as pairs; a line without a tab is refused by its number."""
+def pairs_of(lines: Iterable[str], name: str) -> Iterator[tuple[str, str, str]]:
+    """`source<TAB>target` lines as (NAME:LINE, source, target); a line with no tab or more
+    than one is refused by its number."""
     for number, line in enumerate(lines, 1):
-        source, tab, target = line.partition("\t")
-        if not tab:
-            fail(f"{name}:{number}: expected SOURCE<TAB>TARGET")
-        yield source, target
+        fields = line.split("\t")
+        if len(fields) != 2:
+            found = f", found {len(fields)} tab-separated fields" if len(fields) > 2 else ""
+            fail(f"{name}:{number}: expected SOURCE<TAB>TARGET{found}")
+        yield f"{name}:{number}", *fields
+
+
+def given_pairs(texts: list[str]) -> Iterator[tuple[str, str, str]]:
+    """SOURCE TARGET arguments as ("pair N", source, target)."""
+    for n, (source, target) in enumerate(zip(texts[::2], texts[1::2]), 1):
+        yield f"pair {n}", source, target
+
+
+def warn_truncated(where: str, score: Score, cfg: DataConfig) -> None:
+    """Say on stderr that a pair was scored cut, and where it is (its JSON says so too)."""
+    for side in score.truncated:
+        key = "max_src_len" if side == "source" else "max_tgt_len"
+        what = f"the {side} is longer than the model reads (data.{key}: {getattr(cfg, key)} tokens)"
+        log.warning("%s: %s; scored cut", where, what)
 
 
 def format_tsv(score: Score) -> str:
@@ -80,7 +100,8 @@ def score(
     One line per pair on stdout: its total log-probability (</s> included), the mean per piece,
     then each piece with its log-probability, tab-separated; `cut -f1` gives the totals. With
     --json, one JSON object per pair and line, with each piece's rank among the model's choices
-    and the model's own likeliest pieces there.
+    and the model's own likeliest pieces there. A source or target longer than the model reads
+    is scored cut: a warning on stderr names its line, and the JSON's `truncated` its side.
     """
     setup_logging()
     if texts and input_path:
@@ -93,15 +114,16 @@ def score(
     model = load_model(Engine.mtrain, Decoding(run, device, quantize, which))
     with contextlib.ExitStack() as stack:
         if texts:
-            pairs: Iterable[tuple[str, str]] = zip(texts[::2], texts[1::2])
+            pairs: Iterable[tuple[str, str, str]] = given_pairs(texts)
         elif input_path:
             f = stack.enter_context(input_path.open("rb"))
             pairs = pairs_of(decode_lines(f, str(input_path)), str(input_path))
         else:
             pairs = pairs_of(decode_lines(sys.stdin.buffer, "<stdin>"), "<stdin>")
         it = iter(pairs)
-        while chunk := [p for _, p in zip(range(CHUNK), it)]:
-            sources, targets = [s for s, _ in chunk], [t for _, t in chunk]
-            for result in model.score(sources, targets, top_k):
+        while chunk := list(itertools.islice(it, CHUNK)):
+            wheres, sources, targets = (list(column) for column in zip(*chunk))
+            for where, result in zip(wheres, model.score(sources, targets, top_k)):
+                warn_truncated(where, result, model.cfg.data)
                 line = json.dumps(result.to_dict(), ensure_ascii=False) if as_json else None
                 typer.echo(line or format_tsv(result))

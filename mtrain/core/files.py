@@ -15,6 +15,7 @@ import shutil
 import socket
 import stat
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -29,6 +30,9 @@ except ImportError:  # not POSIX: run directories go unlocked
 log = logging.getLogger(__name__)
 TMP_SUFFIX = ".tmp"
 LOCK_FILE = ".lock"
+# `lock_holder` holds a shared lock on a run's lock file for an instant: a DirectoryLock that
+# meets only such a lock tries again, up to PROBE_TRIES times PROBE_WAIT seconds.
+PROBE_TRIES, PROBE_WAIT = 100, 0.01
 
 
 def tmp_path(path: Path) -> Path:
@@ -302,16 +306,13 @@ class DirectoryLock:
             f = self.path.open("a+", encoding="utf-8")
         except OSError as e:  # a read-only directory, say: name it, not the lock file
             raise OSError(e.errno, e.strerror, str(self.path.parent)) from None
-        if fcntl is not None:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = _holder(f) or "unknown"
-                f.close()
-                raise DirectoryLocked(
-                    f"{self.directory}: in use by another mtrain process ({holder}); "
-                    "wait for it to finish or use another directory"
-                ) from None
+        holder = _lock_exclusive(f) if fcntl is not None else None
+        if holder is not None:
+            f.close()
+            raise DirectoryLocked(
+                f"{self.directory}: in use by another mtrain process ({holder}); "
+                "wait for it to finish or use another directory"
+            )
         return f
 
     def __exit__(self, *exc) -> None:
@@ -339,6 +340,25 @@ def lock_holder(directory: Path) -> str | None:
             return _holder(f) or "unknown"
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
+
+
+def _lock_exclusive(f: IO[str]) -> str | None:
+    """Take the exclusive lock on `f` without waiting for a holder: None once taken, else who
+    holds it. A refusal may come from `lock_holder`'s brief shared lock, not a holder: a shared
+    lock granted here says that no process holds the exclusive one, so it is tried again."""
+    for _ in range(PROBE_TRIES):
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except OSError:
+            pass
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # refused only while a process holds the exclusive lock
+            return _holder(f) or "unknown"
+        fcntl.flock(f, fcntl.LOCK_UN)
+        time.sleep(PROBE_WAIT)  # for the probe to let go
+    return "a process that keeps a shared lock on it, as a check that it is in use does"
 
 
 def lock_beside(directory: Path) -> DirectoryLock:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -33,6 +33,15 @@ PLAIN_EVERY, PLAIN_SECONDS = 100, 60.0
 BUDGET_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
 
 
+# Losses, on the device or not, as floats, read back together: one wait for the device.
+ReadBack = Callable[..., list[float]]
+
+
+def floats(*values: torch.Tensor | float) -> list[float]:
+    """`values` as floats (a `ReadBack` for a log that checks nothing)."""
+    return [float(v) for v in values]
+
+
 class TrainLog:
     """The training loss and learning rate, a record every LOG_EVERY updates in train.jsonl;
     the loss is the mean per target token of the updates since the last record.
@@ -49,9 +58,10 @@ class TrainLog:
             loss = loss.double()  # as a float's sum was: the logged losses do not move
         self.loss_sum, self.tokens = self.loss_sum + loss * n_target, self.tokens + n_target
 
-    def write(self, step: int, minutes: float, lr: float) -> float:
-        """Record the mean loss since the last record, and return it."""
-        loss = float(self.loss_sum) / self.tokens  # label-smoothed, as the updates minimised it
+    def write(self, step: int, minutes: float, lr: float, loss_sum: float) -> float:
+        """Record the mean loss since the last record (`loss_sum`: `self.loss_sum` as read
+        back), and return it."""
+        loss = loss_sum / self.tokens  # label-smoothed, as the updates minimised it
         if self.file is not None:
             record = {"event": "train", "step": step, "minutes": minutes, "loss": loss, "lr": lr}
             self.file.write(jsonl.dumps(record))
@@ -73,11 +83,18 @@ def trim_logs(run_dir: Path, step: int, main: bool) -> None:
 
 @contextlib.contextmanager
 def run_log(
-    run_dir: Path, cfg: TrainConfig, main: bool, coordinator: Coordinator, step: int, minutes: float
+    run_dir: Path,
+    cfg: TrainConfig,
+    main: bool,
+    coordinator: Coordinator,
+    step: int,
+    minutes: float,
+    read: ReadBack,
 ) -> Iterator[RunLog]:
     """The run's log, open while it trains from `step`, `minutes` into the run, to where the
-    coordinator says it is headed; on a rank other than 0, a log that shows and writes nothing.
-    The bar is drawn on a terminal only: elsewhere its fields come as plain lines."""
+    coordinator says it is headed, reading its losses back with `read`; on a rank other than
+    0, a log that shows and writes nothing. The bar is drawn on a terminal only: elsewhere its
+    fields come as plain lines."""
     plain = main and not sys.stderr.isatty() and not progress.is_widget()
     with contextlib.ExitStack() as files:
         bar = tqdm(
@@ -95,7 +112,7 @@ def run_log(
             path = run_dir / name
             return files.enter_context(path.open("a", encoding="utf-8")) if main else None
 
-        logs = RunLog(bar, open_log(METRICS), TrainLog(open_log(TRAIN_LOG)), coordinator)
+        logs = RunLog(bar, open_log(METRICS), TrainLog(open_log(TRAIN_LOG)), coordinator, read)
         logs.plain = plain
         logs.examples = open_log(EXAMPLES)
         if main and cfg.tensorboard:
@@ -109,9 +126,17 @@ class RunLog:
     """The progress bar (loss, learning rate, tokens/s, last dev BLEU, where the run is
     headed), train.jsonl, metrics.jsonl, examples.jsonl and TensorBoard's files."""
 
-    def __init__(self, bar: tqdm, metrics, train_log: TrainLog, coordinator: Coordinator):
+    def __init__(
+        self,
+        bar: tqdm,
+        metrics,
+        train_log: TrainLog,
+        coordinator: Coordinator,
+        read: ReadBack = floats,
+    ):
+        """`read` turns the losses into floats, all in one read of the device."""
         self.bar, self.metrics, self.train_log = bar, metrics, train_log
-        self.coordinator = coordinator
+        self.coordinator, self.read = coordinator, read
         self.examples = None  # examples.jsonl, open on rank 0
         self.tensorboard: TensorBoardLog | None = None
         self.dev_bleu: float | None = None  # of the last validation
@@ -128,18 +153,19 @@ class RunLog:
         self, update: Update, loss: torch.Tensor | float, step: int, minutes: float, lr: float
     ) -> None:
         """Show a finished update; every LOG_EVERY steps, record the loss and learning rate
-        (the only steps that read the loss back from the device)."""
+        (the only steps that read the loss back from the device, once)."""
         self.window_tokens += update.n_tokens  # of all processes
         self.train_log.add(loss, update.n_target)
         # The end moves as the plan or the speed does: never shown behind the step.
         self.bar.total = self.coordinator.end_step(step, minutes)
         self.bar.update(1)
         if step % LOG_EVERY == 0:
+            loss, loss_sum = self.read(loss, self.train_log.loss_sum)
             tok_s = self.window_tokens / (time.monotonic() - self.window_start)
-            self.show(float(loss), lr, tok_s, minutes)
+            self.show(loss, lr, tok_s, minutes)
             if self.plain:
                 self.show_plain(step, minutes)
-            mean_loss = self.train_log.write(step, minutes, lr)
+            mean_loss = self.train_log.write(step, minutes, lr, loss_sum)
             if self.tensorboard:
                 self.tensorboard.train(step, mean_loss, lr, tok_s)
             self.restart_window()

@@ -26,7 +26,7 @@ from mtrain.model.transformer import Transformer
 from mtrain.training.budget_recipe import BudgetRecipe, Choice
 from mtrain.training.coordinator import Action, Coordinator, Finished
 from mtrain.training.data import TrainingData, Update
-from mtrain.training.run_log import LOG_EVERY, RunLog, run_log, trim_logs
+from mtrain.training.run_log import RunLog, run_log, trim_logs
 from mtrain.training.state import Checkpoints, Progress, RunClock, TrainingState
 from mtrain.training.update_step import NonFiniteLoss, OutOfMemory, UpdateStep
 from mtrain.training.validation import Validation, Validator
@@ -107,10 +107,11 @@ class Trainer:
                 log.info("%s finished at step %d (%s); %s", self.run_dir, self.step, why, hint)
             return scores.best_bleu
         coordinator, minutes = self.coordinator, self.clock.minutes
+        read = self.update_step.check_finite  # the log reads its losses with the NaN check
         try:
             with (
                 coordinator.stop_signals(),
-                run_log(self.run_dir, cfg, main, coordinator, self.step, minutes()) as logs,
+                run_log(self.run_dir, cfg, main, coordinator, self.step, minutes(), read) as logs,
             ):
                 self.train_updates(logs)
                 if cfg.average_last and main:
@@ -135,7 +136,8 @@ class Trainer:
             return
         self.follow_plan()
         # Closed however the loop ends, so that the thread that builds batches stops with it.
-        with contextlib.closing(self.data.updates(self.group, self.cfg.accumulate)) as updates:
+        batches = contextlib.closing(self.data.updates(self.group, self.cfg.accumulate))
+        with batches as updates, kept_on_failure(self.checkpoints):  # a NaN loss: what is kept
             self.train_on(updates, logs)
 
     def train_on(self, updates: Iterator[Update], logs: RunLog) -> None:
@@ -145,20 +147,17 @@ class Trainer:
             if self.step >= coordinator.last_step:
                 break
             lr = self.state.schedule.lr  # this update's (the next's after)
-            with kept_on_failure(self.checkpoints):
-                loss = self.update_step(update)
-                self.update_step.check_finite(every=LOG_EVERY)  # the log reads no NaN
+            loss = self.update_step(update)
             if self.step % RELEASE_MEMORY_EVERY == 0:
                 runtime.release_freed_memory()
             coordinator.plan(self.step, minutes())
             self.follow_plan()
-            if loss is not None:
+            if loss is not None:  # at a log step, the log reads the losses with check_finite
                 logs.update(update, loss, self.step, minutes(), lr)
             action = coordinator.next_action(self.step, minutes(), loss is not None)
             if action is Action.GO:
                 continue
-            with kept_on_failure(self.checkpoints):  # no checkpoint after a NaN loss
-                self.update_step.check_finite()
+            self.update_step.check_finite()  # no checkpoint after a NaN loss
             rng = self.group.gather(runtime.rng_state())  # every rank's, for the checkpoint
             if action in (Action.INTERRUPT, Action.STOP):
                 if main:
@@ -208,8 +207,8 @@ class Trainer:
 
 @contextlib.contextmanager
 def kept_on_failure(checkpoints: Checkpoints) -> Iterator[None]:
-    """Within this block, a non-finite loss or running out of memory says which checkpoint is
-    left."""
+    """Within this block, a non-finite loss or running out of memory (which only the update step
+    and its `check_finite` raise) says which checkpoint is left."""
     try:
         yield
     except (NonFiniteLoss, OutOfMemory) as e:

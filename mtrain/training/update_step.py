@@ -2,10 +2,10 @@
 all-reduce under DDP, mixed precision, clipping), and what becomes of an update that runs out
 of memory or whose loss is not finite.
 
-An update never waits for the device: its loss stays there (the run log sums it and reads it
-at its log steps), and a non-finite loss is noted there too and read by `check_finite` at the
-log steps and before a checkpoint. Only `train.skip_nonfinite`, which must decide before the
-optimizer steps, reads each update's loss back."""
+An update never waits for the device: its loss stays there (the run log sums it), and a
+non-finite loss is noted there too; `check_finite` reads the note, with the run log's losses,
+in one transfer at the log steps, and alone before a checkpoint. Only `train.skip_nonfinite`,
+which must decide before the optimizer steps, reads each update's loss back."""
 
 from __future__ import annotations
 
@@ -179,17 +179,18 @@ class UpdateStep:
         self.non_finite_step = torch.where(first, self.step + 1, self.non_finite_step)
         self.non_finite_loss = torch.where(first, mean_loss.float(), self.non_finite_loss)
 
-    def check_finite(self, every: int = 1) -> None:
+    def check_finite(self, *logged: torch.Tensor | float) -> list[float]:
         """Stop with one line if an update's loss was not finite (without
-        `train.skip_nonfinite`); it reads the device, so the loop calls it only at steps that
-        are multiples of `every` (its log steps) and before a checkpoint, which then holds no
-        update after the bad one."""
-        if self.step % every:
-            return
-        step = int(self.non_finite_step.item())
+        `train.skip_nonfinite`); return `logged` (the run log's losses, on the device) as
+        floats, read with the check in one transfer. Each call waits for the device: the loop
+        makes one at its log steps (the log reads no NaN) and before a checkpoint, which then
+        holds no update after the bad one."""
+        values = [self.non_finite_step, self.non_finite_loss, *logged]
+        as_double = [torch.as_tensor(v, dtype=torch.float64, device=self.device) for v in values]
+        step, loss, *read = torch.stack(as_double).tolist()  # (2 + len(logged),) read once
         if step:
-            loss = self.non_finite_loss.item()
-            raise NonFiniteLoss(f"step {step}: the loss is {loss}; training stopped")
+            raise NonFiniteLoss(f"step {int(step)}: the loss is {loss}; training stopped")
+        return read
 
     def batch_loss(
         self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor
