@@ -294,7 +294,7 @@ def proc_wait(proc: subprocess.Popen) -> None:
 def test_a_fine_tuned_run_interrupted_resumes_by_the_same_command(child, parent):
     interrupted = step_of(child["interrupted"] / "last.pt")
     assert interrupted < 12
-    assert f"resuming run at step {interrupted}" in child["stderr"]
+    assert f"resuming {child['run']} at step {interrupted}\n" in child["stderr"], child["stderr"]
     assert step_of(child["run"] / "last.pt") == 12
     record = yaml.safe_load((child["run"] / "config.yaml").read_text())
     assert record["parent"]["run"] == str(parent)
