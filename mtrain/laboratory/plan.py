@@ -123,6 +123,7 @@ class LabRun:
 
     variant: str
     seed: int
+    changes: tuple[str, ...]  # the variant's own, from the baseline
     overrides: tuple[str, ...]  # every change from the config file, the seed's included
 
     @property
@@ -155,7 +156,12 @@ class Lab:
         """Seed by seed, the baseline first: a lab stopped early has whole comparisons."""
         common = (*self.overrides, *self.budget.overrides())
         return [
-            LabRun(variant.name, seed, (*common, *variant.overrides, f"train.seed={seed}"))
+            LabRun(
+                variant.name,
+                seed,
+                variant.overrides,
+                (*common, *variant.overrides, f"train.seed={seed}"),
+            )
             for seed in self.seeds
             for variant in (Variant(BASELINE, ()), *self.variants)
         ]

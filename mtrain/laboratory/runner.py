@@ -51,16 +51,8 @@ def train_one(
         if finished_record(run_dir / LAST)
         else ("resuming" if (run_dir / LAST).is_file() else "training")
     )
-    log.info(
-        "lab %d/%d: %s (%s, %s): %s",
-        number,
-        total,
-        run.name,
-        lab.budget,
-        " ".join(run.overrides[len(lab.overrides) + len(lab.budget.overrides()) :])
-        or "the config as it is",
-        state,
-    )
+    what = " ".join(run.changes) or "the baseline"
+    log.info("lab %d/%d: %s (%s; %s): %s", number, total, run.name, what, lab.budget, state)
     start = time.monotonic()
     train(lab.config, list(run.overrides), run_dir)
     log.info(
