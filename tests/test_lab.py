@@ -183,3 +183,24 @@ def test_an_unknown_preset_is_refused() -> None:
         make_lab(None, [], preset="slow")
     with pytest.raises(OptionError, match="--config"):
         make_lab(None, [], updates=1)
+
+
+def test_several_seeds_add_a_mean_line_per_variant() -> None:
+    from mtrain.laboratory.report import table
+    from mtrain.laboratory.results import LabRow
+
+    def row(variant: str, seed: int, bleu: float, p: float | None) -> LabRow:
+        return LabRow(variant, seed, 100, 1.0, 2.0, 3.0, bleu, p, Path("."))
+
+    rows = [row("baseline", 1, 10.0, None), row("x", 1, 12.0, 0.01)]
+    rows += [row("baseline", 2, 11.0, None), row("x", 2, 12.0, 0.2)]
+    lines = table(rows)
+    assert [line[0] for line in lines] == [
+        "baseline",
+        "x",
+        "baseline",
+        "x",
+        "**baseline** (mean)",
+        "**x** (mean)",
+    ]
+    assert lines[-1][6:] == ["12.00", "+1.50", "0.0100, 0.2000"]  # mean BLEU, mean Δ, each p

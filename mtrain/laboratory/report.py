@@ -12,6 +12,7 @@ from pathlib import Path
 from mtrain.core.files import write_atomic
 from mtrain.figures.common import cjk_font_path, save
 from mtrain.figures.curves import draw_curves
+from mtrain.laboratory.plan import BASELINE
 from mtrain.laboratory.results import LabRow, Translations
 
 COLUMNS = (
@@ -51,7 +52,7 @@ def number(value: float | None, digits: int = 2) -> str:
 
 def table(rows: list[LabRow]) -> list[list[str]]:
     """One line per run; with several seeds, then one per variant: the means over its seeds."""
-    base = {r.seed: r.dev_bleu for r in rows if r.variant == "baseline"}
+    base = {r.seed: r.dev_bleu for r in rows if r.variant == BASELINE}
     lines = [
         [
             r.variant,
@@ -62,7 +63,7 @@ def table(rows: list[LabRow]) -> list[list[str]]:
             number(r.dev_loss, 3),
             number(r.dev_bleu),
             delta(r.dev_bleu, base.get(r.seed)),
-            "(baseline)" if r.variant == "baseline" else number(r.p_value, 4),
+            "(baseline)" if r.variant == BASELINE else number(r.p_value, 4),
         ]
         for r in rows
     ]
@@ -86,7 +87,7 @@ def table(rows: list[LabRow]) -> list[list[str]]:
                 number(mean["dev_loss"], 3),
                 number(mean["dev_bleu"]),
                 f"{statistics.mean(deltas):+.2f}" if deltas else "–",
-                "(baseline)" if variant == "baseline" else p_values or "–",
+                "(baseline)" if variant == BASELINE else p_values or "–",
             ]
         )
     return lines
