@@ -81,15 +81,16 @@ class Preset:
     seeds: tuple[int, ...] = (1,)
 
 
-# quick: 7 runs (the baseline and 6 variants, one seed) in about 30 minutes on two CPU cores.
-# configs/default.yaml trains about 3.7 updates/s there (bf16); each run also spends about a
-# minute that is not updates: start-up, a validation on the 2,245 dev sentences at 500 updates
-# and one at the end, the final average, and the lab's own greedy dev translation and probes.
-# 30 min = 7 x (1 min + U / 3.7 s)  ->  U = (1800 / 7 - 60) x 3.7 ≈ 730: 700 updates a run.
+# quick: the baseline and 6 variants, one seed: 7 runs in about 30 minutes on two CPU cores.
+# configs/default.yaml trains about 3.7 updates/s there (bf16). Besides its updates, a run spends
+# (estimated, not measured) ~5 s starting and ~25 s per greedy pass over the 2,245 dev sentences,
+# of which it makes four: the validations at 500 updates and at the end, the averaged
+# checkpoints', the lab's own; ~105 s. The first run also trains the tokenizers (~60 s).
+# 60 s + 7 x (105 s + 550 / 3.7 s) = 1,838 s, 31 minutes: 550 updates a run.
 PRESETS = {
     "quick": Preset(
         Path("configs/default.yaml"),
-        Budget(updates=700),
+        Budget(updates=550),
         ("no-positions", "peek", "no-scale", "no-residual", "no-layernorm", "one-head"),
     ),
 }
