@@ -126,18 +126,23 @@ def write_markdown(report: Report, lab_dir: Path) -> Path:
     text = "\n\n".join(
         [
             f"# {report.title}",
-            "Dev BLEU: each run's best.pt, greedy, on the dev set; p-value: sacrebleu's paired "
-            "bootstrap (1000 resamples) against the baseline of the same seed.",
+            EXPLAINED,
             markdown_table(COLUMNS, table(report.rows)),
             f"## Probes (seed {report.rows[0].seed})",
             markdown_table(probe_header(report), probe_lines(report)),
             "## Figures",
-            *(f"![{f.stem}]({f.as_posix()})" for f in report.figures),
+            *(f"![{caption(f)}]({f.as_posix()})" for f in report.figures),
         ]
     )
     path = lab_dir / "report.md"
     write_atomic(path, text + "\n")
     return path
+
+
+def caption(figure: Path) -> str:
+    if figure == Path(CURVES):
+        return "every run's training curves, against updates and against minutes"
+    return f"{figure.stem}: cross-attention for the first probe"
 
 
 def html_table(header: list[str] | tuple[str, ...], lines: list[list[str]], kind: str) -> str:
@@ -179,8 +184,8 @@ def cjk_font_face(text: str) -> str:
 def write_html(report: Report, lab_dir: Path) -> Path:
     """report.html: what report.md shows, as one page that opens in a browser."""
     figures = "".join(
-        f'<figure><img src="{html.escape(f.as_posix())}" alt="{html.escape(f.stem)}">'
-        f"<figcaption>{html.escape(f.stem)}</figcaption></figure>"
+        f'<figure><img src="{html.escape(f.as_posix())}" alt="{html.escape(caption(f))}">'
+        f"<figcaption>{html.escape(caption(f))}</figcaption></figure>"
         for f in report.figures
     )
     body = (

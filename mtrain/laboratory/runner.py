@@ -67,14 +67,17 @@ def report(lab: Lab, lab_dir: Path, device: str = "auto") -> list[LabRow]:
         return rows
     first = rows[0].seed
     attention = {
-        r.variant: open_model(r.run_dir, "mtrain", device, BEST, beam=1)
-        .attention(lab.probes[0])
-        .figure("cross")
-        for r in rows
-        if r.seed == first
+        r.variant: cross_attention(r, lab.probes[0], device) for r in rows if r.seed == first
     }
     title = f"Lab: {lab.config} and {len(lab.variants)} variants, {lab.budget} each"
     figures = draw_figures(rows, lab_dir, attention)
     result = Report(rows, found, lab.probes, title, figures)
     log.info("report: %s, %s", write_markdown(result, lab_dir), write_html(result, lab_dir))
     return rows
+
+
+def cross_attention(row: LabRow, probe: str, device: str):
+    """The figure of a run's cross-attention for `probe`, titled with its variant."""
+    attention = open_model(row.run_dir, "mtrain", device, BEST, beam=1).attention(probe)
+    attention.title = f"{row.variant}: {attention.title}"
+    return attention.figure("cross")
