@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from mtrain.export.models import TranslationModel
 
 __version__ = "0.1.0"
-__all__ = ["MtrainError", "TranslationModel", "__version__", "curves", "load", "train"]
+__all__ = ["MtrainError", "TranslationModel", "__version__", "curves", "lab", "load", "train"]
 
 
 def load(
@@ -83,6 +83,46 @@ def curves(*runs: str | Path) -> Figure:
     from mtrain.figures.curves import draw_curves
 
     return draw_curves([Path(r) for r in runs])
+
+
+def lab(
+    config: str | Path | None = None,
+    variants: Iterable[str] = (),
+    out: str | Path = "labs/lab",
+    updates: int | None = None,
+    minutes: float | None = None,
+    seeds: Iterable[int] = (),
+    overrides: Iterable[str] = (),
+    probes: Iterable[str] | None = None,
+    preset: str | None = None,
+    device: str = "auto",
+) -> list:
+    """Train a baseline config and its variants as `mtrain lab` does, and return its table: a
+    list of `LabRow`s (variant, seed, updates, minutes, losses, dev BLEU, p-value, run_dir).
+
+    `variants` are named ones ("one-head") or your own ("3+1: model.n_encoder_layers=3
+    model.n_decoder_layers=1"). Each run is trained as `mtrain.train` trains; a lab directory
+    that holds runs goes on where it stopped.
+    """
+    from mtrain.commands.train import train_run
+    from mtrain.laboratory.plan import make_lab
+    from mtrain.laboratory.runner import run_lab
+
+    plan = make_lab(
+        None if config is None else Path(config),
+        list(variants),
+        updates,
+        minutes,
+        tuple(seeds),
+        tuple(overrides),
+        tuple(probes or ()),
+        preset,
+    )
+
+    def train(cfg: Path, changes: list[str], run_dir: Path) -> None:
+        train_run(cfg, changes, run_dir, device, command=False)
+
+    return run_lab(plan, Path(out), train, device)
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ from mtrain.commands import (
     evaluate,
     export,
     info,
+    lab,
     plot,
     prepare,
     score,
@@ -34,6 +35,7 @@ app.command(name="eval")(evaluate.evaluate)
 app.command()(evaluate.average)
 app.add_typer(plot.app, name="plot")
 app.command()(info.info)
+app.command()(lab.lab)
 app.command()(export.export)
 app.command()(serve.serve)
 

@@ -21,11 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sacrebleu.metrics import BLEU
-from sacrebleu.significance import PairedTest
-
 from mtrain.commands.common import Decoding, Engine, load_engine
-from mtrain.core.metrics import BLEU_TOKENIZERS, reference_streams
+from mtrain.core.metrics import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
 from mtrain.run.directory import BEST, run_config
@@ -84,21 +81,18 @@ def main() -> None:
         print(f"translating with {name} ({run}, {options or 'its own options'})", file=sys.stderr)
         named.append((name, translate(run, sources, options)))
 
-    bleu = BLEU(tokenize=BLEU_TOKENIZERS.get(data.tgt_lang, "13a"))
-    test = PairedTest(
-        named, {"BLEU": bleu}, reference_streams(references), test_type="bs", n_samples=args.samples
-    )
-    signatures, scores = test()
-    print(f"{corpus.path}, {len(sources)} sources; {args.samples} resamples; {signatures['BLEU']}")
+    compared = paired_bootstrap(named, references, data.tgt_lang, args.samples)
+    signature = compared[0].signature
+    print(f"{corpus.path}, {len(sources)} sources; {args.samples} resamples; {signature}")
     print()
     print("| system | BLEU | bootstrap mean ± 95% CI | difference | p-value |")
     print("|---|---|---|---|---|")
-    base = scores["BLEU"][0].score
-    for name, result in zip(scores["System"], scores["BLEU"]):
+    base = compared[0].bleu
+    for result in compared:
         p = "(baseline)" if result.p_value is None else f"{result.p_value:.4f}"
         print(
-            f"| {name} | {result.score:.2f} | {result.mean:.2f} ± {result.ci:.2f} "
-            f"| {result.score - base:+.2f} | {p} |"
+            f"| {result.name} | {result.bleu:.2f} | {result.mean:.2f} ± {result.ci:.2f} "
+            f"| {result.bleu - base:+.2f} | {p} |"
         )
 
 

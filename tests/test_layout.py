@@ -18,6 +18,7 @@ STAGES = [
     "figures",
     "training",
     "export",
+    "laboratory",
     "serve",
     "commands",
 ]

@@ -38,3 +38,49 @@ def score(hypotheses: list[str], references: list[list[str]], tgt_lang: str) -> 
         bleu_signature=str(bleu.get_signature()),
         chrf_signature=str(chrf.get_signature()),
     )
+
+
+@dataclass
+class Compared:
+    """One system's BLEU beside the baseline's, by sacrebleu's paired bootstrap resampling."""
+
+    name: str
+    bleu: float
+    mean: float  # the bootstrap resamples' mean BLEU
+    ci: float  # half the width of its 95% confidence interval
+    p_value: float | None  # None for the baseline itself
+    signature: str
+
+
+def paired_bootstrap(
+    systems: list[tuple[str, list[str]]],
+    references: list[list[str]],
+    tgt_lang: str,
+    samples: int = 1000,
+) -> list[Compared]:
+    """Each system against the first (the baseline): what `sacrebleu --paired-bs` computes,
+    with its fixed seed. A system whose BLEU is the baseline's gets p = 1: sacrebleu counts the
+    resamples whose difference exceeds the real one strictly, and so gives two systems that
+    score alike on every resample (identical outputs, or both 0) 1/(samples + 1), the smallest
+    p-value it can give, where there is no difference at all to explain."""
+    from sacrebleu.significance import PairedTest
+
+    if len(systems) < 2:
+        raise ValueError("a paired test needs a baseline and at least one system")
+    bleu = BLEU(tokenize=BLEU_TOKENIZERS.get(tgt_lang, "13a"))
+    test = PairedTest(
+        systems, {"BLEU": bleu}, reference_streams(references), test_type="bs", n_samples=samples
+    )
+    signatures, scores = test()
+    base = scores["BLEU"][0].score
+    return [
+        Compared(
+            name,
+            result.score,
+            float(result.mean),
+            float(result.ci),
+            None if i == 0 else 1.0 if result.score == base else float(result.p_value),
+            str(signatures["BLEU"]),
+        )
+        for i, (name, result) in enumerate(zip(scores["System"], scores["BLEU"]))
+    ]

@@ -1,0 +1,206 @@
+"""`mtrain lab`: variants trained beside a baseline, resumed where a lab stopped, and reported;
+the paired bootstrap it shares with scripts/compare_dev.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sacrebleu.metrics import BLEU
+
+import mtrain
+from mtrain.core.config import ModelConfig, load
+from mtrain.core.errors import OptionError
+from mtrain.core.metrics import paired_bootstrap
+from mtrain.laboratory.plan import PRESETS, VARIANTS, Budget, make_lab, parse_variant
+from mtrain.laboratory.report import COLUMNS
+from mtrain.run.directory import LAST, peek_checkpoint
+
+from .console import mtrain as mtrain_command
+
+UPDATES = 10  # one train.jsonl record (every 10 updates) and one validation
+
+
+def test_one_sentence_bootstrap_is_hand_computable() -> None:
+    """With one sentence, every resample is that sentence: each resampled difference is the
+    real one, none exceeds it, and sacrebleu's p-value is (0 + 1) / (samples + 1)."""
+    refs = [["the dog bites the man"]]
+    base, other = ["the dog bites a man"], ["the dog bites the man"]
+    compared = paired_bootstrap([("base", base), ("other", other)], refs, "en", samples=99)
+    assert compared[0].p_value is None
+    assert compared[1].p_value == pytest.approx(1 / 100)
+    assert compared[1].bleu == pytest.approx(
+        BLEU().corpus_score(other, [["the dog bites the man"]]).score
+    )
+    assert compared[1].ci == pytest.approx(0.0, abs=1e-6)  # every resample scores alike
+
+
+def test_no_difference_has_p_value_1() -> None:
+    """sacrebleu gives identical systems its smallest p-value, 1/(samples + 1); we give 1."""
+    refs = [["a cat sat"], ["the man bit a dog"], ["who am I"]]
+    hyps = ["a cat sat down", "a dog bit the man", "who am I"]
+    compared = paired_bootstrap([("a", hyps), ("b", list(hyps))], refs, "en")
+    assert compared[1].p_value == 1.0
+
+
+def test_p_values_are_sacrebleus_where_systems_differ() -> None:
+    from sacrebleu.significance import PairedTest
+
+    refs = [["a cat sat on the mat"], ["the man bit a dog"], ["who am I"], ["I hit him"]]
+    a = ["a cat sat on a mat", "a dog bit the man", "who I am", "I hit him"]
+    b = ["a cat sat on the mat", "the man bit a dog", "I am who", "he hit me"]
+    ours = paired_bootstrap([("a", a), ("b", b)], refs, "en")
+    _, theirs = PairedTest([("a", a), ("b", b)], {"BLEU": BLEU()}, [[r[0] for r in refs]], "bs")()
+    assert 0 <= ours[1].p_value <= 1
+    assert ours[1].p_value == theirs["BLEU"][1].p_value
+    assert ours[1].bleu == theirs["BLEU"][1].score
+
+
+@pytest.mark.xfail(
+    not hasattr(ModelConfig, "variant"), reason="model.variant is not in this tree", strict=True
+)
+def test_every_named_variant_and_preset_is_a_valid_config() -> None:
+    for overrides in VARIANTS.values():
+        load(Path("configs/tiny.yaml"), list(overrides))
+    for preset in PRESETS.values():
+        assert preset.config.is_file()
+        assert set(preset.variants) <= set(VARIANTS)
+
+
+def test_variants_of_ones_own_and_refusals() -> None:
+    own = parse_variant("3+1: model.n_encoder_layers=3 model.n_decoder_layers=1")
+    assert own.overrides == ("model.n_encoder_layers=3", "model.n_decoder_layers=1")
+    assert parse_variant("one-head").overrides == ("model.n_heads=1",)
+    for bad in ("nope", "baseline: model.n_heads=1", "a/b: model.n_heads=1", "x:", "x: n_heads"):
+        with pytest.raises(OptionError):
+            parse_variant(bad)
+    with pytest.raises(OptionError):
+        Budget()
+    with pytest.raises(OptionError):
+        Budget(updates=10, minutes=1.0)
+    with pytest.raises(OptionError):
+        make_lab(Path("configs/tiny.yaml"), ["one-head", "one-head"], updates=1)
+
+
+def lab_options(corpus: dict[str, str]) -> list[str]:
+    return [
+        *(f"data.{k}={v}" for k, v in corpus.items()),
+        "tokenizer.vocab_size=300",
+        f"train.eval_every={UPDATES}",
+    ]
+
+
+def test_a_bad_variant_is_refused_before_anything_is_trained(corpus, tmp_path) -> None:
+    sets = [a for o in lab_options(corpus) for a in ("--set", o)]
+    out = tmp_path / "lab"
+    base = ["lab", "-c", "configs/tiny.yaml", "--updates", "1", "--out", str(out), *sets]
+    named = mtrain_command(*base, "nope")
+    assert named.returncode == 2
+    assert "variant 'nope': not one of no-positions" in named.stderr
+    own = mtrain_command(*base, "odd: model.heads=1")
+    assert own.returncode == 2
+    assert "lab run odd-seed1" in own.stderr and "model.heads" in own.stderr
+    assert len(own.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def report_table(path: Path) -> tuple[list[str], list[list[str]]]:
+    """report.md's first table: its header and its rows, as cells."""
+    lines = path.read_text("utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| variant"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return [c.strip() for c in lines[start].strip("|").split("|")], rows
+
+
+def stamp(run: Path) -> tuple[int, int]:
+    return (run / LAST).stat().st_mtime_ns, peek_checkpoint(run / LAST)["step"]
+
+
+def test_lab_end_to_end_and_resumed(corpus, tmp_path) -> None:
+    """The command trains the baseline and one variant; the Python API, given one more, trains
+    that one alone (the lab goes on where it stopped) and reports all three."""
+    out = tmp_path / "lab"
+    sets = [a for o in lab_options(corpus) for a in ("--set", o)]
+    first = mtrain_command(
+        "lab",
+        "one-head",
+        "-c",
+        "configs/tiny.yaml",
+        "--updates",
+        str(UPDATES),
+        "--out",
+        str(out),
+        "--probe",
+        "我打他",
+        "--probe",
+        "他打我",
+        "--device",
+        "cpu",
+        *sets,
+    )
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("| variant | seed |")  # the table alone on stdout
+    assert "lab 2/2: one-head-seed1" in first.stderr
+    before = {name: stamp(out / name) for name in ("baseline-seed1", "one-head-seed1")}
+
+    rows = mtrain.lab(
+        "configs/tiny.yaml",
+        ["one-head", "post: model.norm=post"],
+        out,
+        updates=UPDATES,
+        overrides=lab_options(corpus),
+        probes=["我打他", "他打我"],
+        device="cpu",
+    )
+    assert {name: stamp(out / name) for name in before} == before  # not trained again
+    assert [(r.variant, r.seed, r.updates) for r in rows] == [
+        ("baseline", 1, UPDATES),
+        ("one-head", 1, UPDATES),
+        ("post", 1, UPDATES),
+    ]
+    assert rows[0].p_value is None and all(0 <= r.p_value <= 1 for r in rows[1:])
+
+    header, cells = report_table(out / "report.md")
+    assert header == list(COLUMNS)
+    assert [c[0] for c in cells] == ["baseline", "one-head", "post"]
+    for row, line in zip(rows, cells):
+        assert int(line[2]) == UPDATES
+        assert float(line[4]) == pytest.approx(row.train_loss, abs=1e-3)
+        assert float(line[6]) == pytest.approx(row.dev_bleu, abs=0.01)
+    assert all(0 <= float(c[8]) <= 1 for c in cells[1:])
+    page = (out / "report.html").read_text("utf-8")
+    assert "他打我" in page and "@font-face" in page and page.count("<img") == 4
+    for figure in ("curves.png", "attention/baseline.png", "attention/post.png"):
+        assert (out / figure).stat().st_size > 1000
+
+
+def test_an_unknown_preset_is_refused() -> None:
+    with pytest.raises(OptionError, match="--preset 'slow'"):
+        make_lab(None, [], preset="slow")
+    with pytest.raises(OptionError, match="--config"):
+        make_lab(None, [], updates=1)
+
+
+def test_several_seeds_add_a_mean_line_per_variant() -> None:
+    from mtrain.laboratory.report import table
+    from mtrain.laboratory.results import LabRow
+
+    def row(variant: str, seed: int, bleu: float, p: float | None) -> LabRow:
+        return LabRow(variant, seed, 100, 1.0, 2.0, 3.0, bleu, p, Path("."))
+
+    rows = [row("baseline", 1, 10.0, None), row("x", 1, 12.0, 0.01)]
+    rows += [row("baseline", 2, 11.0, None), row("x", 2, 12.0, 0.2)]
+    lines = table(rows)
+    assert [line[0] for line in lines] == [
+        "baseline",
+        "x",
+        "baseline",
+        "x",
+        "**baseline** (mean)",
+        "**x** (mean)",
+    ]
+    assert lines[-1][6:] == ["12.00", "+1.50", "0.0100, 0.2000"]  # mean BLEU, mean Δ, each p
