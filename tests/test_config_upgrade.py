@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from mtrain.cli import app
 from mtrain.commands.train import check_resumable, resumed, run_training
 from mtrain.core import config, runtime
-from mtrain.core.config_upgrade import ADDED, REDEFINED, REMOVED, VERSION
+from mtrain.core.config import POLICIES
+from mtrain.core.config_upgrade import VERSION, removed
 from mtrain.core.distributed import Group
 from mtrain.model.transformer import Dropout
 from mtrain.run.directory import (
@@ -35,6 +36,11 @@ from .fixtures.old_runs.reconstruct import COMMITS  # in the order mtrain wrote 
 from .synthetic import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "old_runs"
+# What an older run without a key had, the keys since gone and those whose meaning changed, as
+# declared beside each key.
+ADDED = {key: policy.added.value for key, policy in POLICIES.items() if policy.added}
+REMOVED = removed()
+REDEFINED = {key for key, policy in POLICIES.items() if policy.redefined}
 # Those whose checkpoints hold the tokenizer's fingerprint and the batch stream's position:
 # the earlier ones cannot be resumed (a resume refuses them in one line).
 RESUMABLE = COMMITS[COMMITS.index("c8b9337") :]
