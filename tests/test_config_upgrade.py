@@ -241,3 +241,51 @@ def test_an_old_interrupted_run_ends_as_it_would_have(commit, corpus, tmp_path):
     assert b["chosen"] == {"planned_updates": None, "dropout": 0.2}
     recorded = yaml.safe_load((parts / "config.yaml").read_text("utf-8"))
     assert recorded["version"] == VERSION and recorded["tokenizer"]["tgt_vocab_size"] == 0
+
+
+def old_run(tmp_path: Path, commit: str, state: dict | None = None) -> Path:
+    """A run directory holding the config.yaml the mtrain of `commit` wrote for its
+    configs/tiny.yaml, and a last.pt (`state`, else a file no one can read)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((FIXTURES / commit / "config.yaml").read_text("utf-8"))
+    if state is None:
+        (run / "last.pt").write_bytes(b"not read: a resume's config is checked first")
+    else:
+        save_checkpoint(run / "last.pt", state)
+    return run
+
+
+def test_an_old_run_resumes_with_todays_shipped_config(tmp_path):
+    """The record the last mtrain before versions (116cbc2) wrote for configs/tiny.yaml, and
+    the same command typed again with today's shipped config: train.compile (absent then, auto
+    now) changes how updates are computed, not what is trained."""
+    run = old_run(tmp_path, "116cbc2")
+    path = REPO / "configs" / "tiny.yaml"
+    cfg = config.load(path, require_data=True, run=resumed(run))
+    check_resumable(run, cfg)
+    assert cfg.train.compile == "auto" and cfg.train.init_from == ""
+    with pytest.raises(config.ConfigError, match=r"trained with train\.lr=[\d.]+, not 0\.5"):
+        check_resumable(run, config.load(path, ["train.lr=0.5"], run=resumed(run)))
+
+
+def test_a_record_that_lost_its_version_line_is_read_with_its_checkpoints(tmp_path):
+    cfg = config.load(REPO / "configs" / "tiny.yaml", ["train.compile=true"])
+    write_config(tmp_path, cfg)
+    text = (tmp_path / "config.yaml").read_text("utf-8")
+    (tmp_path / "config.yaml").write_text(text.replace(f"version: {VERSION}\n", ""), "utf-8")
+    with pytest.raises(config.ConfigError, match=r"names no version but holds train\.init_from"):
+        run_config(tmp_path)  # no checkpoint says which: said plainly, not read as version 1
+    save_checkpoint(tmp_path / "last.pt", {"model": {}, "step": 3, "config_version": VERSION})
+    assert run_config(tmp_path) == cfg  # train.compile: true, not version 1's compile
+
+
+@pytest.mark.parametrize(("device", "precision"), [("cuda", "auto"), ("cpu", "fp32")])
+def test_an_old_run_keeps_the_precision_it_trained_in(device, precision, tmp_path, monkeypatch):
+    """Before ff2b51d mtrain autocast on CUDA (bf16, or fp16 with a loss scaler) and computed
+    in fp32 on the CPU; the device is the one its checkpoint's tensors were saved from."""
+    with monkeypatch.context() as patch:  # a checkpoint saved from the GPU, on any machine
+        patch.setattr(torch.serialization, "location_tag", lambda storage: f"{device}:0")
+        run = old_run(tmp_path, "c8b9337", {"model": {"w": torch.zeros(2)}, "step": 3})
+    assert run_config(run).train.precision == precision
+    assert record("c8b9337")["train"].get("precision") is None
