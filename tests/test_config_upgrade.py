@@ -289,3 +289,37 @@ def test_an_old_run_keeps_the_precision_it_trained_in(device, precision, tmp_pat
         run = old_run(tmp_path, "c8b9337", {"model": {"w": torch.zeros(2)}, "step": 3})
     assert run_config(run).train.precision == precision
     assert record("c8b9337")["train"].get("precision") is None
+
+
+def test_a_start_that_does_nothing_rewrites_no_file_and_an_upgrade_is_said(
+    corpus, tmp_path, caplog
+):
+    """An old run that finished, started again with its limits: its config.yaml stays as the
+    older mtrain wrote it (which can still read it). Resumed with a raised limit, it is
+    upgraded, and stderr and `info` say from which version; info's steps are last.pt's."""
+    old = adapted("116cbc2", corpus, max_steps=5)
+    (tmp_path / "record.yaml").write_text(yaml.safe_dump(old), "utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    build_trainer(config.load_recorded(tmp_path / "record.yaml"), run, CPU).run()
+    make_old(run, old, "116cbc2")
+    written = (run / "config.yaml").read_bytes()
+
+    run_training(resume_config(tmp_path, run, old), run, CPU, Group())
+    assert (run / "config.yaml").read_bytes() == written  # finished: nothing to do
+
+    with caplog.at_level("WARNING"):
+        run_training(resume_config(tmp_path, run, old, max_steps=6), run, CPU, Group())
+    said = [r.getMessage() for r in caplog.records if "upgraded" in r.getMessage()]
+    assert len(said) == 1 and "from config version 1 to 2" in said[0], said
+    recorded = yaml.safe_load((run / "config.yaml").read_text("utf-8"))
+    assert recorded["version"] == VERSION and recorded["upgraded_from"] == 1
+
+    for log in ("train.jsonl", "metrics.jsonl"):
+        (run / log).unlink()
+    shown = CliRunner().invoke(app, ["info", str(run)])
+    assert shown.exit_code == 0, shown.output
+    assert "config upgraded from version 1 by a resume" in shown.output
+    assert "training: 6 steps" in shown.output  # last.pt's step, not the logs'
+    info = json.loads(CliRunner().invoke(app, ["info", str(run), "--json"]).output)
+    assert info["schema"]["upgraded_from"] == 1 and info["training"]["steps"] == 6
