@@ -195,7 +195,8 @@ def run_training(
             resume = group.is_main and open_run(run_dir, cfg)
             cfg = rank_0s_config(cfg, group)
             trainer = build_trainer(cfg, run_dir, device, resume, group, parent=parent)
-            if group.is_main and not trainer.done:  # a start that does nothing writes nothing
+            # a start that does nothing (a finished run) writes nothing
+            if group.is_main and not trainer.progress.done(cfg.train):
                 chosen = trainer.choice and trainer.choice.to_dict()
                 say_upgraded(run_dir)
                 # once the run is known to be resumable

@@ -92,10 +92,6 @@ class Trainer:
         progress = Progress(self.step, self.skipped, self.clock.minutes(), validated=validated)
         return self.state.state_dict(progress, rng)
 
-    @property
-    def done(self) -> bool:  # finished, with the limit that ended it not raised: nothing to do
-        return self.progress.finished is not None and not self.progress.finished.raised(self.cfg)
-
     def run(self) -> float:
         """Train until max_steps or the time budget; return the best dev BLEU.
 
@@ -105,7 +101,7 @@ class Trainer:
         cfg, main, scores = self.cfg, self.group.is_main, self.state.scores
         finished = self.progress.finished
         trim_logs(self.run_dir, self.step, main)
-        if self.done:
+        if self.progress.done(cfg):
             if main:
                 why, hint = finished.reason, finished.hint(cfg)
                 log.info("%s finished at step %d (%s); %s", self.run_dir, self.step, why, hint)
