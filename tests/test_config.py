@@ -218,3 +218,51 @@ def test_a_negative_seed_is_refused_before_anything_is_made(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("mtrain: error: ") and "train.seed: must be in" in line
     assert not out.exists() and not prepared.exists()
+
+
+def test_every_key_declares_its_policy():
+    """Resume, init_from, the upgrade and info read each key's rules from its declaration."""
+    keys = {(s, k) for s, values in config.Config().to_dict().items() for k in values}
+    assert set(config.POLICIES) == keys
+    assert all(isinstance(policy, config.Policy) for policy in config.POLICIES.values())
+
+
+def test_a_key_declared_without_its_policy_is_refused():
+    @dataclasses.dataclass
+    class Section:
+        kept: int = config.key(1, config.Resume.KEPT, config.Child.OWN)
+        plain: int = 2  # a key added without its policy
+
+    @dataclasses.dataclass
+    class Schema:
+        section: Section = dataclasses.field(default_factory=Section)
+
+    with pytest.raises(TypeError, match=r"section\.plain: declared without its policy"):
+        config.policies(Schema)
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("train.compile=1", "train.compile"),  # 1 == True, but not a bool
+        ("train.compile=0", "train.compile"),
+        ("train.compile=1.0", "train.compile"),
+        ("model.norm=1", "model.norm"),
+    ],
+)
+def test_a_literal_key_takes_its_choices_only_not_equal_numbers(setting, key):
+    with pytest.raises(ConfigError, match=rf"{key}: expected one of"):
+        config.load(REPO / "configs" / "tiny.yaml", [setting])
+
+
+def test_a_literal_key_takes_each_of_its_choices():
+    for value, expected in (("true", True), ("false", False), ("auto", "auto")):
+        cfg = config.load(REPO / "configs" / "tiny.yaml", [f"train.compile={value}"])
+        assert cfg.train.compile is expected if value != "auto" else cfg.train.compile == "auto"
+
+
+@pytest.mark.parametrize("setting", ["train.init_from=", 'train.init_from=""'])
+def test_an_empty_override_is_the_empty_string(setting):
+    """What a shell leaves of `--set train.init_from=""`: the key's documented default."""
+    cfg = config.load(REPO / "configs" / "tiny.yaml", [setting])
+    assert cfg.train.init_from == ""

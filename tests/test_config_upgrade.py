@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from mtrain.cli import app
 from mtrain.commands.train import check_resumable, resumed, run_training
 from mtrain.core import config, runtime
-from mtrain.core.config_upgrade import ADDED, REDEFINED, REMOVED, VERSION
+from mtrain.core.config import POLICIES
+from mtrain.core.config_upgrade import VERSION, removed
 from mtrain.core.distributed import Group
 from mtrain.model.transformer import Dropout
 from mtrain.run.directory import (
@@ -35,6 +36,11 @@ from .fixtures.old_runs.reconstruct import COMMITS  # in the order mtrain wrote 
 from .synthetic import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "old_runs"
+# What an older run without a key had, the keys since gone and those whose meaning changed, as
+# declared beside each key.
+ADDED = {key: policy.added.value for key, policy in POLICIES.items() if policy.added}
+REMOVED = removed()
+REDEFINED = {key for key, policy in POLICIES.items() if policy.redefined}
 # Those whose checkpoints hold the tokenizer's fingerprint and the batch stream's position:
 # the earlier ones cannot be resumed (a resume refuses them in one line).
 RESUMABLE = COMMITS[COMMITS.index("c8b9337") :]
@@ -235,3 +241,85 @@ def test_an_old_interrupted_run_ends_as_it_would_have(commit, corpus, tmp_path):
     assert b["chosen"] == {"planned_updates": None, "dropout": 0.2}
     recorded = yaml.safe_load((parts / "config.yaml").read_text("utf-8"))
     assert recorded["version"] == VERSION and recorded["tokenizer"]["tgt_vocab_size"] == 0
+
+
+def old_run(tmp_path: Path, commit: str, state: dict | None = None) -> Path:
+    """A run directory holding the config.yaml the mtrain of `commit` wrote for its
+    configs/tiny.yaml, and a last.pt (`state`, else a file no one can read)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((FIXTURES / commit / "config.yaml").read_text("utf-8"))
+    if state is None:
+        (run / "last.pt").write_bytes(b"not read: a resume's config is checked first")
+    else:
+        save_checkpoint(run / "last.pt", state)
+    return run
+
+
+def test_an_old_run_resumes_with_todays_shipped_config(tmp_path):
+    """The record the last mtrain before versions (116cbc2) wrote for configs/tiny.yaml, and
+    the same command typed again with today's shipped config: train.compile (absent then, auto
+    now) changes how updates are computed, not what is trained."""
+    run = old_run(tmp_path, "116cbc2")
+    path = REPO / "configs" / "tiny.yaml"
+    cfg = config.load(path, require_data=True, run=resumed(run))
+    check_resumable(run, cfg)
+    assert cfg.train.compile == "auto" and cfg.train.init_from == ""
+    with pytest.raises(config.ConfigError, match=r"trained with train\.lr=[\d.]+, not 0\.5"):
+        check_resumable(run, config.load(path, ["train.lr=0.5"], run=resumed(run)))
+
+
+def test_a_record_that_lost_its_version_line_is_read_with_its_checkpoints(tmp_path):
+    cfg = config.load(REPO / "configs" / "tiny.yaml", ["train.compile=true"])
+    write_config(tmp_path, cfg)
+    text = (tmp_path / "config.yaml").read_text("utf-8")
+    (tmp_path / "config.yaml").write_text(text.replace(f"version: {VERSION}\n", ""), "utf-8")
+    with pytest.raises(config.ConfigError, match=r"names no version but holds train\.init_from"):
+        run_config(tmp_path)  # no checkpoint says which: said plainly, not read as version 1
+    save_checkpoint(tmp_path / "last.pt", {"model": {}, "step": 3, "config_version": VERSION})
+    assert run_config(tmp_path) == cfg  # train.compile: true, not version 1's compile
+
+
+@pytest.mark.parametrize(("device", "precision"), [("cuda", "auto"), ("cpu", "fp32")])
+def test_an_old_run_keeps_the_precision_it_trained_in(device, precision, tmp_path, monkeypatch):
+    """Before ff2b51d mtrain autocast on CUDA (bf16, or fp16 with a loss scaler) and computed
+    in fp32 on the CPU; the device is the one its checkpoint's tensors were saved from."""
+    with monkeypatch.context() as patch:  # a checkpoint saved from the GPU, on any machine
+        patch.setattr(torch.serialization, "location_tag", lambda storage: f"{device}:0")
+        run = old_run(tmp_path, "c8b9337", {"model": {"w": torch.zeros(2)}, "step": 3})
+    assert run_config(run).train.precision == precision
+    assert record("c8b9337")["train"].get("precision") is None
+
+
+def test_a_start_that_does_nothing_rewrites_no_file_and_an_upgrade_is_said(
+    corpus, tmp_path, caplog
+):
+    """An old run that finished, started again with its limits: its config.yaml stays as the
+    older mtrain wrote it (which can still read it). Resumed with a raised limit, it is
+    upgraded, and stderr and `info` say from which version; info's steps are last.pt's."""
+    old = adapted("116cbc2", corpus, max_steps=5)
+    (tmp_path / "record.yaml").write_text(yaml.safe_dump(old), "utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    build_trainer(config.load_recorded(tmp_path / "record.yaml"), run, CPU).run()
+    make_old(run, old, "116cbc2")
+    written = (run / "config.yaml").read_bytes()
+
+    run_training(resume_config(tmp_path, run, old), run, CPU, Group())
+    assert (run / "config.yaml").read_bytes() == written  # finished: nothing to do
+
+    with caplog.at_level("WARNING"):
+        run_training(resume_config(tmp_path, run, old, max_steps=6), run, CPU, Group())
+    said = [r.getMessage() for r in caplog.records if "upgraded" in r.getMessage()]
+    assert len(said) == 1 and "from config version 1 to 2" in said[0], said
+    recorded = yaml.safe_load((run / "config.yaml").read_text("utf-8"))
+    assert recorded["version"] == VERSION and recorded["upgraded_from"] == 1
+
+    for log in ("train.jsonl", "metrics.jsonl"):
+        (run / log).unlink()
+    shown = CliRunner().invoke(app, ["info", str(run)])
+    assert shown.exit_code == 0, shown.output
+    assert "config upgraded from version 1 by a resume" in shown.output
+    assert "training: 6 steps" in shown.output  # last.pt's step, not the logs'
+    info = json.loads(CliRunner().invoke(app, ["info", str(run), "--json"]).output)
+    assert info["schema"]["upgraded_from"] == 1 and info["training"]["steps"] == 6

@@ -337,3 +337,40 @@ def test_rank_1_needs_no_access_to_the_parent(parent, own_corpus, tmp_path):
     assert [proc.returncode for proc in procs] == [0, 0], stderr
     assert load_checkpoint(runs[0] / "last.pt")["parent"]["run"] == str(parent)
     assert not runs[1].exists()
+
+
+def test_a_child_is_checked_again_with_its_parents_sections():
+    """A BPE parent has no n best segmentations: a child that samples them is refused at
+    once, in one line naming the key, not in the batch thread."""
+    from mtrain.run import lineage
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    bpe = config.load(tiny, ["tokenizer.model_type=bpe"])
+    child = config.load(tiny, ["data.src_sampling_alpha=0.5"])  # unigram by itself: fine
+    with pytest.raises(config.ConfigError, match=r"^train\.init_from: .*data\.src_sampling_alpha"):
+        lineage.inherit(child, bpe, "PARENT", set())
+
+
+def test_a_child_resumes_however_its_parent_is_named_and_keeps_its_own(
+    parent, own_corpus, tmp_path, monkeypatch
+):
+    """Begun with a target size that means the parent's (300: its vocab_size, which its
+    tgt_vocab_size 0 means), the parent named relative to one directory; resumed from another
+    (where that name means nothing), with the shipped config that names no parent, and with
+    RUN/best.pt: a resume never reads the parent, and the run keeps the one it began from."""
+    out, tiny = tmp_path / "child", str(REPO / "configs" / "tiny.yaml")
+    monkeypatch.chdir(parent.parent)
+
+    def train(max_steps: int, *init_from: str) -> None:
+        settings = child_settings(own_corpus, max_steps=max_steps)
+        args = ["train", "--config", tiny, "--out", str(out), *init_from]
+        status, _, stderr = run_cli(*args, *sets([*settings, "tokenizer.tgt_vocab_size=300"]))
+        assert status == 0, stderr
+        assert config.load(out / "config.yaml").train.init_from == str(parent)
+
+    train(3, "--init-from", parent.name)
+    monkeypatch.chdir(tmp_path)
+    train(4, "--init-from", parent.name)
+    train(5)
+    train(6, "--init-from", str(parent / "best.pt"))
+    assert load_checkpoint(out / "last.pt")["parent"]["run"] == str(parent)

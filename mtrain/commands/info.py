@@ -48,14 +48,14 @@ def info(
     setup_logging()
     if run is not None and config_path is not None:
         fail("give a run or --config, not both")
-    parent = None
+    parent, schema = None, None
     if config_path is not None:
         cfg, tokenizer, summary = config.load(config_path), None, None
     else:
         from mtrain.run import lineage
 
         run, cfg, tokenizer, summary = read_run(run)
-        parent = lineage.recorded(run)
+        parent, schema = lineage.recorded(run), read_schema(run, cfg)
     model = build_model(cfg, tokenizer)
     parts = parameter_map.parts(model)
     tokenizers = {
@@ -74,6 +74,7 @@ def info(
             "tokenizer": tokenizers,
             "training": summary,
             "parent": parent,
+            "schema": schema,
             "config": cfg.to_dict(),
         }
         typer.echo(json.dumps(result, ensure_ascii=False))
@@ -83,7 +84,35 @@ def info(
         from mtrain.run.lineage import describe
 
         typer.echo(describe(parent))
+    if schema is not None and schema["upgraded_from"] is not None:
+        typer.echo(describe_schema(schema))
     echo_text(cfg, parts, tokenizers, summary)
+
+
+def read_schema(run: Path, cfg: Config) -> dict[str, Any]:
+    """The config schema a run's config.yaml is in, the one it was begun in where older, and
+    the keys its record lacks, with the value each takes (declared beside the key: config.py)."""
+    from mtrain.run.directory import recorded_version, run_record, upgraded_from
+
+    record = run_record(run)
+    filled = {
+        f"{section}.{name}": getattr(getattr(cfg, section), name)
+        for (section, name), policy in config.POLICIES.items()
+        if policy.added is not None and name not in (record.get(section) or {})
+    }
+    version = recorded_version(run)
+    return {"version": version, "upgraded_from": upgraded_from(run), "filled_in": filled}
+
+
+def describe_schema(schema: dict[str, Any]) -> str:
+    """One line: the older mtrain's config version a run was begun in, and what was read."""
+    if schema["version"] < config.VERSION:
+        keys = ", ".join(f"{key}={value!r}" for key, value in schema["filled_in"].items())
+        return (
+            f"config version {schema['version']}, read as version {config.VERSION} (begun by an "
+            f"older mtrain; a resume upgrades it){': ' + keys if keys else ''}"
+        )
+    return f"config upgraded from version {schema['upgraded_from']} by a resume"
 
 
 def read_run(run: Path | None) -> tuple[Path, Config, Tokenizer, dict[str, Any]]:

@@ -20,7 +20,7 @@ from mtrain.commands.common import (
     setup_logging,
 )
 from mtrain.core import config, runtime
-from mtrain.core.config import Config, ConfigError
+from mtrain.core.config import Config, ConfigError, Resume, effective
 from mtrain.core.errors import OptionError
 from mtrain.core.files import LOCK_FILE, DirectoryLock, remove_leftovers
 from mtrain.run.directory import (
@@ -28,6 +28,7 @@ from mtrain.run.directory import (
     CONFIG_FILE,
     LAST,
     CheckpointError,
+    recorded_version,
     run_config,
     step_checkpoints,
     write_config,
@@ -38,16 +39,6 @@ if TYPE_CHECKING:
 
     from mtrain.core.distributed import Group
     from mtrain.run.lineage import Parent
-
-# Keys a resumed run may change: its limits, its precision, and where prepared corpora are kept.
-RESUMABLE_KEYS = {
-    ("train", "max_steps"),
-    ("train", "max_minutes"),
-    ("train", "patience"),
-    ("train", "precision"),  # "auto" may already differ from machine to machine
-    ("train", "tensorboard"),  # what is logged, not what is trained
-    ("data", "prepared_dir"),
-}
 
 
 def is_run_dir(path: Path) -> bool:
@@ -64,16 +55,24 @@ def resumed(run_dir: Path) -> Config | None:
 
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
-    """Refuse to resume a run with a config other than its own (but for its limits)."""
-    saved = run_config(run_dir).to_dict()
-    new = cfg.to_dict()
-    for section, values in new.items():
-        for key, value in values.items():
-            if saved[section][key] != value and (section, key) not in RESUMABLE_KEYS:
+    """Refuse to resume a run with a config other than its own, but for the keys declared to
+    change on a resume (config.Resume); those it records keep the run's own value."""
+    saved = run_config(run_dir)
+    for (section, name), policy in config.POLICIES.items():
+        mine, theirs = getattr(cfg, section), getattr(saved, section)
+        old, new = getattr(theirs, name), getattr(mine, name)
+        if policy.resume is Resume.RECORDED:
+            if new and not old:
                 raise ConfigError(
-                    f"{run_dir} was trained with {section}.{key}={saved[section][key]!r}, not "
-                    f"{value!r}; use the run's own config or another --out"
+                    f"{run_dir} began from its own weights, not {section}.{name}={new!r}: a "
+                    "resume never reads a parent; leave it out or use another --out"
                 )
+            setattr(mine, name, old)  # where it began: a resume reads no parent
+        elif policy.resume is Resume.KEPT and effective(mine, name) != effective(theirs, name):
+            raise ConfigError(
+                f"{run_dir} was trained with {section}.{name}={old!r}, not {new!r}; use the "
+                "run's own config or another --out"
+            )
 
 
 def train(
@@ -196,8 +195,10 @@ def run_training(
             resume = group.is_main and open_run(run_dir, cfg)
             cfg = rank_0s_config(cfg, group)
             trainer = build_trainer(cfg, run_dir, device, resume, group, parent=parent)
-            if group.is_main:
+            # a start that does nothing (a finished run) writes nothing
+            if group.is_main and not trainer.progress.done(cfg.train):
                 chosen = trainer.choice and trainer.choice.to_dict()
+                say_upgraded(run_dir)
                 # once the run is known to be resumable
                 write_config(run_dir, cfg, chosen, trainer.state.parent)
             return trainer.run()
@@ -224,6 +225,19 @@ def run_training(
         raise distributed.DistributedError(
             f"rank {group.rank}: lost the other training processes ({first_line[:200]})"
         ) from None
+
+
+def say_upgraded(run_dir: Path) -> None:
+    """One line on stderr where this start rewrites an older mtrain's config.yaml."""
+    version = recorded_version(run_dir)
+    if version is not None and version < config.VERSION:
+        log.warning(
+            "%s: upgraded from config version %d to %d (keys added since keep what the run did "
+            "before them); an mtrain older than this one can no longer resume it",
+            run_dir / CONFIG_FILE,
+            version,
+            config.VERSION,
+        )
 
 
 def rank_0s_config(cfg: Config, group: Group) -> Config:

@@ -6,12 +6,14 @@ import dataclasses
 import math
 import reprlib
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
 from mtrain.core import config_upgrade, yaml_limits
-from mtrain.core.config_upgrade import VERSION, VERSION_KEY
+from mtrain.core.config_upgrade import VERSION, VERSION_KEY, Added, Key
 from mtrain.core.errors import MtrainError
 
 
@@ -28,27 +30,83 @@ Corpus = str | dict[str, str]
 # The defaults below are configs/default.yaml's recipe, key for key (a test holds them equal):
 # a key a config leaves out gets the value the README's figures were measured with. Why each
 # value was chosen is said in default.yaml and docs/recipes.md.
+#
+# Beside each key, its policy (`key(default, resume, child, ...)`): whether a resume may change
+# it, what a run started from another (train.init_from) does with it, and, for a key added after
+# the first run directory (416dbc9), what a run recorded before it existed did (`Added`, read by
+# config_upgrade.py). Resume, init_from (run/lineage.py), the upgrade and `mtrain info` read it
+# from here; a key declared without one is refused when this module is imported.
+
+
+class Resume(Enum):
+    """What a resume may do with a key."""
+
+    KEPT = "kept"  # refused unless the run's own value: it changes what is trained
+    MAY_CHANGE = "may change"  # a limit, or how the run is computed or watched, not what
+    RECORDED = "recorded"  # the run's own value kept, whatever the config says (read at its start)
+
+
+class Child(Enum):
+    """What a run started from another's weights (train.init_from) does with a key."""
+
+    OWN = "own"  # the child's config's value
+    INHERITED = "inherited"  # the parent's; a config that names another value is refused
+    AGREED = "agreed"  # the child's config's, refused unless it is the parent's
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A key's rules, declared beside it."""
+
+    resume: Resume
+    child: Child
+    added: Added | None = None  # None: every run directory records it (416dbc9)
+    redefined: int | None = None  # the schema version that gave it its meaning (older dropped)
+
+
+POLICY = "mtrain.policy"  # the field metadata entry that holds a key's Policy
+
+
+def key(
+    default: Any,
+    resume: Resume,
+    child: Child,
+    added: Added | None = None,
+    redefined: int | None = None,
+) -> Any:
+    """A config key (a dataclass field) with its policy; a list default is copied per config."""
+    policy = {POLICY: Policy(resume, child, added, redefined)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=policy)
+    return field(default=default, metadata=policy)
+
+
+KEPT, MAY_CHANGE, RECORDED = Resume.KEPT, Resume.MAY_CHANGE, Resume.RECORDED
+OWN, INHERITED, AGREED = Child.OWN, Child.INHERITED, Child.AGREED
 
 
 @dataclass
 class DataConfig:
-    train: Corpus | list[Corpus] = "data/tatoeba/train.tsv"  # one corpus or a list of them
-    dev: Corpus = "data/tatoeba/dev.tsv"
-    test: Corpus = "data/tatoeba/test.tsv"
-    prepared_dir: str = "prepared"  # where `mtrain prepare` writes the encoded training corpora
-    src_lang: str = "zh"
-    tgt_lang: str = "en"
-    max_src_len: int = 64  # tokens, </s> included; longer sentences are truncated
-    max_tgt_len: int = 64
-    max_len_ratio: float = 9.0  # drop training pairs with 9x the pieces on one side; 0: off
+    # One corpus or a list of them.
+    train: Corpus | list[Corpus] = key("data/tatoeba/train.tsv", KEPT, OWN)
+    dev: Corpus = key("data/tatoeba/dev.tsv", KEPT, OWN)
+    test: Corpus = key("data/tatoeba/test.tsv", KEPT, OWN)
+    # Where `mtrain prepare` writes the encoded training corpora.
+    prepared_dir: str = key("prepared", MAY_CHANGE, OWN, Added("prepared", "da5aa77"))
+    src_lang: str = key("zh", KEPT, AGREED)
+    tgt_lang: str = key("en", KEPT, AGREED)
+    max_src_len: int = key(64, KEPT, OWN)  # tokens, </s> included; longer sentences are truncated
+    max_tgt_len: int = key(64, KEPT, OWN)
+    # Drop training pairs with 9x the pieces on one side; 0: off (da5aa77: none dropped before).
+    max_len_ratio: float = key(9.0, KEPT, OWN, Added(0.0, "da5aa77"))
     # Probability that a training source loses its final punctuation piece (。?!): people
     # often type none, and a model that never saw that translates such input worse.
-    drop_final_punct: float = 0.5
+    drop_final_punct: float = key(0.5, KEPT, OWN, Added(0.0, "da5aa77"))
     # 0: off; else each training batch's sources are cut afresh, drawn from the source model's
     # 16 best segmentations with probability ∝ P^alpha (subword sampling, Kudo 2018).
-    src_sampling_alpha: float = 0.0
+    src_sampling_alpha: float = key(0.0, KEPT, OWN, Added(0.0, "7e56b24"))
     # true: the files hold target then source (e.g. the zh<TAB>en corpus read for en→zh).
-    swap_columns: bool = False
+    swap_columns: bool = key(False, KEPT, OWN, Added(False, "683f2a0"))
 
     def max_positions(self) -> int:
         """Positions the model has: the longest source it reads and the longest output it
@@ -58,12 +116,16 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    joint: bool = False  # one SentencePiece model for both languages, or one each
-    vocab_size: int = 8000  # per model (the source's, when tgt_vocab_size is set)
-    tgt_vocab_size: int = 4000  # the target model's size; 0: vocab_size; a joint model has one
-    model_type: Literal["unigram", "bpe"] = "unigram"
-    character_coverage: float = 0.9995
-    input_sentence_size: int = 200_000  # sentences sampled to train each model on
+    joint: bool = key(False, KEPT, INHERITED)  # one SentencePiece model for both languages
+    vocab_size: int = key(8000, KEPT, INHERITED)  # per model (the source's, if tgt_vocab_size)
+    # The target model's size; 0: vocab_size; a joint model has one (a2a5f5e: the source's
+    # size before).
+    tgt_vocab_size: int = key(4000, KEPT, INHERITED, Added(0, "a2a5f5e"))
+    model_type: Literal["unigram", "bpe"] = key("unigram", KEPT, INHERITED)
+    character_coverage: float = key(0.9995, KEPT, INHERITED)
+    # Sentences sampled to train each model on (da5aa77: every one before, which 200,000 is for
+    # a corpus below that size; a resumed run keeps the tokenizers it has).
+    input_sentence_size: int = key(200_000, KEPT, INHERITED, Added(200_000, "da5aa77"))
 
     @property
     def tgt_size(self) -> int:
@@ -73,60 +135,79 @@ class TokenizerConfig:
 
 @dataclass
 class ModelConfig:
-    d_model: int = 256
-    n_heads: int = 4
-    n_encoder_layers: int = 2
-    n_decoder_layers: int = 2
-    d_ff: int = 1024
-    dropout: float = 0.2
-    norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sublayer, or after (the paper)
+    d_model: int = key(256, KEPT, INHERITED)
+    n_heads: int = key(4, KEPT, INHERITED)
+    n_encoder_layers: int = key(2, KEPT, INHERITED)
+    n_decoder_layers: int = key(2, KEPT, INHERITED)
+    d_ff: int = key(1024, KEPT, INHERITED)
+    dropout: float = key(0.2, KEPT, OWN)  # regularisation is a child run's own
+    # LayerNorm before each sublayer, or after (the paper).
+    norm: Literal["pre", "post"] = key("pre", KEPT, INHERITED)
     # One matrix for the target embedding and the output projection (and the source embedding
-    # too when the vocabulary is joint).
-    tie_embeddings: bool = True
+    # too when the vocabulary is joint); ff2b51d: untied before.
+    tie_embeddings: bool = key(True, KEPT, INHERITED, Added(False, "ff2b51d"))
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 1
-    batch_tokens: int = 3000  # source + target tokens per batch, padding included
-    accumulate: int = 1  # batches whose gradients are summed into one update
-    lr: float = 2e-3  # peak learning rate, reached at the end of warmup
-    warmup_steps: int = 400
+    seed: int = key(1, KEPT, OWN)
+    batch_tokens: int = key(3000, KEPT, OWN)  # source + target tokens per batch, padding included
+    # Batches whose gradients are summed into one update.
+    accumulate: int = key(1, KEPT, OWN, Added(1, "ff2b51d"))
+    lr: float = key(2e-3, KEPT, OWN)  # peak learning rate, reached at the end of warmup
+    warmup_steps: int = key(400, KEPT, OWN)
     # After warmup: inverse-square-root decay, or linear decay to 0 at the run's end (the
     # end of the time budget, planned from the measured speed once warmup is over and again
     # at every validation step).
-    lr_schedule: Literal["inverse_sqrt", "linear"] = "linear"
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    max_steps: int = 100_000
-    max_minutes: float = 29.0  # wall-clock budget, the whole run included; 0 means none
-    eval_every: int = 500  # steps between validations
-    keep_last: int = 5  # step-N.pt checkpoints kept, besides last.pt and best.pt
-    patience: int = 0  # stop after this many validations without a better dev BLEU; 0: never
-    average_last: int = 5  # at the end, average the last N step checkpoints into averaged.pt
+    lr_schedule: Literal["inverse_sqrt", "linear"] = key(
+        "linear", KEPT, OWN, Added("inverse_sqrt", "da5aa77")
+    )
+    label_smoothing: float = key(0.1, KEPT, OWN)
+    clip_norm: float = key(1.0, KEPT, OWN)
+    max_steps: int = key(100_000, MAY_CHANGE, OWN)
+    max_minutes: float = key(29.0, MAY_CHANGE, OWN)  # wall-clock budget, all of the run; 0: none
+    eval_every: int = key(500, KEPT, OWN)  # steps between validations
+    # step-N.pt checkpoints kept, besides last.pt and best.pt (c8b9337: none before).
+    keep_last: int = key(5, KEPT, OWN, Added(0, "c8b9337"))
+    # Stop after this many validations without a better dev BLEU; 0: never.
+    patience: int = key(0, MAY_CHANGE, OWN, Added(0, "ff2b51d"))
+    # At the end, average the last N step checkpoints into averaged.pt.
+    average_last: int = key(5, KEPT, OWN, Added(0, "ff2b51d"))
     # 0: off; else the decay of a moving average of the weights, updated after every update,
     # which validations and the checkpoints' `model` use (0.998: about the last 500 updates).
-    ema_decay: float = 0.0
+    ema_decay: float = key(0.0, KEPT, OWN, Added(0.0, "a2a5f5e"))
     # A recipe that follows the budget: a run whose linear schedule is first planned to end
     # short of this many updates trains with `short_run_dropout` instead of model.dropout
     # (0.1 learned more at 2,662 fp32 updates, 0.2 at 2,925 and 4,700; docs/recipes.md); 0: off.
-    short_run_updates: int = 2800
-    short_run_dropout: float = 0.1
-    skip_nonfinite: bool = False  # skip a batch whose loss is NaN/inf instead of stopping
-    # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else fp32
-    precision: Literal["auto", "fp32"] = "auto"
+    short_run_updates: int = key(2800, KEPT, OWN, Added(0, "6028b16"))
+    short_run_dropout: float = key(0.1, KEPT, OWN, Added(0.1, "6028b16"))  # unused while off
+    # Skip a batch whose loss is NaN/inf instead of stopping (c8b9337: stopped before).
+    skip_nonfinite: bool = key(False, KEPT, OWN, Added(False, "c8b9337"))
+    # auto: bf16 autocast where the GPU or CPU has bf16 (fp16 + loss scaling on old GPUs); else
+    # fp32. May change on a resume: "auto" may already differ from machine to machine. Before
+    # ff2b51d mtrain autocast on CUDA as "auto" does there, and computed in fp32 on the CPU.
+    precision: Literal["auto", "fp32"] = key(
+        "auto", MAY_CHANGE, OWN, Added("fp32", "ff2b51d", cuda="auto")
+    )
     # true: compile a batch's forward and loss once per batch shape (torch.compile); auto: not
-    # yet on any device (slower on the CPU as measured, not measured on CUDA)
-    compile: Literal["auto", True, False] = "auto"
+    # yet on any device (slower on the CPU as measured, not measured on CUDA). How the updates
+    # are computed, not what: a resume may change it. ff2b51d's train.compile compiled the whole
+    # model (gone in e91f4b9): version 2 gave the key its meaning.
+    compile: Literal["auto", True, False] = key(
+        "auto", MAY_CHANGE, OWN, Added(False, "5ab2130", version=2), redefined=2
+    )
     # Sentences translated greedily at every validation, to watch the model learn: shown on
     # stderr and kept with their cross-attention in examples.jsonl. The dev sentences are a
     # count, not a list: they come from whichever dev corpus the config names.
-    examples: list[str] = field(default_factory=lambda: ["我是谁"])
-    dev_examples: int = 3  # short dev sentences added to them, with their references
-    tensorboard: bool = False  # also write TensorBoard event files (the tensorboard extra)
+    examples: list[str] = key(["我是谁"], KEPT, OWN, Added([], "dc6eecf"))
+    # Short dev sentences added to them, with their references.
+    dev_examples: int = key(3, KEPT, OWN, Added(0, "dc6eecf"))
+    # Also write TensorBoard event files (the tensorboard extra): what is logged, not trained.
+    tensorboard: bool = key(False, MAY_CHANGE, OWN, Added(False, "dc6eecf"))
     # A run (its best.pt) or RUN/CHECKPOINT whose weights, tokenizers, `model` and `tokenizer`
-    # sections this run starts from; "": random weights. The rest is this config's.
-    init_from: str = ""
+    # sections this run starts from; "": random weights. The rest is this config's. Read when
+    # the run begins, never on a resume, which keeps the run's own.
+    init_from: str = key("", RECORDED, OWN, Added("", "f4e8780", version=2))
 
 
 # The largest length penalty exponent, for config, command line and API alike: GNMT's values are
@@ -136,11 +217,15 @@ MAX_ALPHA = 10.0
 
 @dataclass
 class DecodeConfig:
-    batch_tokens: int = 6000  # source tokens per batch, padding included, shared by the beams
-    beam_size: int = 6  # 1 is greedy search
-    alpha: float = 1.0  # length penalty exponent of beam search
-    max_len_ratio: float = 1.5  # output length limit: ratio × source length + offset tokens
-    max_len_offset: int = 10
+    # Source tokens per batch, padding included, shared by the beams (fe3ae92: beam search; a
+    # greedy search in batches of sentences before).
+    batch_tokens: int = key(6000, KEPT, OWN, Added(6000, "fe3ae92"))
+    beam_size: int = key(6, KEPT, OWN, Added(1, "fe3ae92"))  # 1 is greedy search
+    # Length penalty exponent of beam search (unused by the greedy search before fe3ae92).
+    alpha: float = key(1.0, KEPT, OWN, Added(0.6, "fe3ae92"))
+    # Output length limit: ratio × source length + offset tokens.
+    max_len_ratio: float = key(1.5, KEPT, OWN)
+    max_len_offset: int = key(10, KEPT, OWN, Added(10, "fe3ae92"))
 
 
 @dataclass
@@ -153,6 +238,33 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def policies(cls: type = Config) -> dict[Key, Policy]:
+    """Every key's policy by (section, key); a key declared without one (not with `key`) is
+    refused, naming it."""
+    found = {}
+    for section in dataclasses.fields(cls):
+        for item in dataclasses.fields(section.default_factory):
+            policy = item.metadata.get(POLICY)
+            if not isinstance(policy, Policy):
+                raise TypeError(
+                    f"config key {section.name}.{item.name}: declared without its policy; "
+                    "declare it with config.key(default, resume, child, ...)"
+                )
+            found[section.name, item.name] = policy
+    return found
+
+
+POLICIES = policies()  # each key's rules, as declared beside it
+
+
+def effective(section: Any, name: str) -> Any:
+    """The value of key `name` in a config section that counts: the target vocabulary's
+    size, not the 0 that means "the source's"."""
+    if isinstance(section, TokenizerConfig) and name == "tgt_vocab_size":
+        return section.tgt_size
+    return getattr(section, name)
 
 
 def _check_corpus(key: str, value: Any, many: bool) -> Any:
@@ -183,7 +295,8 @@ def _check_value(key: str, value: Any, kind: Any) -> Any:
         return _check_corpus(key, value, many=kind is not Corpus)
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
-        if value not in choices:
+        # of the same type too: 1 == True, and `compile: 1` is not `compile: true`
+        if not any(value == c and type(value) is type(c) for c in choices):
             expected = ", ".join(map(str, choices))
             raise ConfigError(f"{key}: expected one of {expected}, got {reprlib.repr(value)}")
         return value
@@ -218,6 +331,15 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         else:
             values[name] = _check_value(prefix + name, value, kind)
     return cls(**values)
+
+
+def validate(cfg: Config, source: str) -> None:
+    """Check again the rules that relate a built config's values (changed since it was built,
+    as a child run's by its parent's sections); errors are prefixed with `source`."""
+    try:
+        _validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def _validate(cfg: Config) -> None:
@@ -313,6 +435,8 @@ def _check_ranges(cfg: Config) -> None:
 CHOSEN = "chosen"
 # The section where a run started from another's weights records that parent (run/lineage.py).
 PARENT = "parent"
+# The section where a run upgraded by a resume records the schema version it came from.
+UPGRADED = "upgraded_from"
 SEEDS = 1 << 64  # the seeds every generator takes
 # Example sentences per validation, of each kind (train.examples, train.dev_examples): 64 greedy
 # translations at most, against the 13,470 hypotheses of a default validation (2,245 dev
@@ -367,12 +491,13 @@ def _check_tokenizer_and_lengths(cfg: Config) -> None:
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one `section.key=value` override to a raw config mapping; the value is YAML."""
-    key, sep, text = assignment.partition("=")
-    parts = key.strip().split(".")
+    """Apply one `section.key=value` override to a raw config mapping; the value is YAML, and
+    nothing after `=` is the empty string (what a shell leaves of `key=""`)."""
+    name, sep, text = assignment.partition("=")
+    parts = name.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
         raise ConfigError(f"--set {assignment!r}: expected section.key=value")
-    value = parse_yaml(text, f"--set {assignment!r}: value")
+    value = parse_yaml(text, f"--set {assignment!r}: value") if text.strip() else ""
     section = raw.setdefault(parts[0], {})
     if not isinstance(section, dict):
         raise ConfigError(f"{parts[0]}: expected a mapping")
@@ -433,12 +558,46 @@ def read_mapping(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     raw.pop(CHOSEN, None)  # a run's record of its own choices: a new run makes its own
     raw.pop(PARENT, None)  # and of the run it started from
+    raw.pop(UPGRADED, None)  # and of the version it was begun in
     return raw
 
 
-def upgraded(raw: dict[str, Any], where: str, version: int) -> dict[str, Any]:
-    """A run's recorded config in today's schema; `version`: its schema when it names none."""
-    version = raw.pop(VERSION_KEY, version)
+Unknown = Callable[[], Any]  # a fact about a run asked only where needed; None: unknown
+
+
+def upgraded(
+    raw: dict[str, Any],
+    where: str,
+    version: Unknown = lambda: None,
+    trained_on: Unknown = lambda: None,
+) -> dict[str, Any]:
+    """A run's recorded config in today's schema. `version`: its schema, asked when it names
+    none (None: unknown, so 1 unless it holds keys no record of version 1 has); `trained_on`:
+    the device type its run trained on, asked where a key's older value depends on it."""
+    version = recorded_version(raw, where, version)
+    raw.pop(VERSION_KEY, None)
+    return config_upgrade.upgrade(raw, version, POLICIES, trained_on)
+
+
+def recorded_version(raw: dict[str, Any], where: str, version: Unknown = lambda: None) -> int:
+    """The schema version of a run's record: its own, else `version()`, else 1; one it cannot
+    be (named wrongly, newer than this mtrain, or its line lost) is refused in one line."""
+    if VERSION_KEY in raw:
+        version = raw[VERSION_KEY]
+    elif (version := version()) is None:
+        later = sorted(
+            f"{section}.{name}"
+            for (section, name), policy in POLICIES.items()
+            if policy.added and policy.added.version > 1 and policy.redefined is None
+            if isinstance(raw.get(section), dict) and name in raw[section]
+        )
+        if later:
+            raise ConfigError(
+                f"{where}: names no {VERSION_KEY} but holds {', '.join(later)}, which no record "
+                f"of version 1 has: its '{VERSION_KEY}:' line was lost (add the version of the "
+                "mtrain that wrote it)"
+            )
+        version = 1
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigError(f"{where}: {VERSION_KEY}: expected a schema version, got {version!r}")
     if version > VERSION:
@@ -446,7 +605,7 @@ def upgraded(raw: dict[str, Any], where: str, version: int) -> dict[str, Any]:
             f"{where}: written by a newer mtrain (config version {version}; this one reads "
             f"up to {VERSION}): upgrade mtrain"
         )
-    return config_upgrade.upgrade(raw, version)
+    return version
 
 
 def load(
@@ -465,7 +624,7 @@ def load(
     """
     raw = read_mapping(path)
     if VERSION_KEY in raw:
-        raw = upgraded(raw, str(path), VERSION)
+        raw = upgraded(raw, str(path))
     for assignment in overrides:
         try:
             apply_override(raw, assignment)
@@ -484,7 +643,11 @@ def load(
     return cfg
 
 
-def load_recorded(path: Path) -> Config:
+def load_recorded(
+    path: Path, version: Unknown = lambda: None, trained_on: Unknown = lambda: None
+) -> Config:
     """A run's own config (its config.yaml, an export's mtrain.yaml), in today's schema with
-    the values the run used; a record that names no version is of schema 1."""
-    return from_dict(upgraded(read_mapping(path), str(path), 1), str(path))
+    the values the run used. `version`: its schema where it names none (its checkpoints';
+    None: unknown); `trained_on`: the device type its run trained on (None: unknown)."""
+    raw = upgraded(read_mapping(path), str(path), version, trained_on)
+    return from_dict(raw, str(path))

@@ -206,9 +206,12 @@ def write_config(
     parent: dict[str, Any] | None = None,
 ) -> None:
     """The run's config.yaml: its schema version, its config, what the run chose from its plan
-    (`chosen`), and the run it started from (`parent`, run/lineage.py)."""
+    (`chosen`), the run it started from (`parent`, run/lineage.py), and the version of the
+    config.yaml it replaces where that was older (a run upgraded by a resume)."""
+    since = upgraded_from(run_dir)
     record = config_record(cfg) | ({config_mod.CHOSEN: chosen} if chosen else {})
     record |= {config_mod.PARENT: parent} if parent else {}
+    record |= {config_mod.UPGRADED: since} if since else {}
     text = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
     write_atomic(run_dir / CONFIG_FILE, text)
 
@@ -230,22 +233,80 @@ def build_model(cfg: Config, tokenizer: Tokenizer | None = None) -> Transformer:
     )
 
 
-def run_choices(run_dir: Path) -> dict[str, Any] | None:
-    """What a run chose from its plan, as its config.yaml records it; None: nothing yet."""
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """A run's config.yaml as written, sections and all; {} where it cannot be read."""
     try:
         record = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    chosen = record.get(config_mod.CHOSEN) if isinstance(record, dict) else None
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def run_choices(run_dir: Path) -> dict[str, Any] | None:
+    """What a run chose from its plan, as its config.yaml records it; None: nothing yet."""
+    chosen = run_record(run_dir).get(config_mod.CHOSEN)
     return chosen if isinstance(chosen, dict) else None
 
 
+def recorded_version(run_dir: Path) -> int | None:
+    """The schema version of a run's config.yaml as written: its own, else its checkpoints',
+    else 1; None: no readable config.yaml."""
+    record = run_record(run_dir)
+    if not record:
+        return None
+    version = record.get(config_mod.VERSION_KEY) or checkpoint_version(run_dir) or 1
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
+def upgraded_from(run_dir: Path) -> int | None:
+    """The schema version a run was begun in, where older than this mtrain's: its config.yaml's,
+    or what the resume that upgraded it recorded; None: begun in this version."""
+    since = run_record(run_dir).get(config_mod.UPGRADED)
+    if isinstance(since, int) and not isinstance(since, bool):
+        return since
+    version = recorded_version(run_dir)
+    return version if version is not None and version < config_mod.VERSION else None
+
+
+def checkpoint_version(run_dir: Path) -> int | None:
+    """The config schema a run's checkpoints record (last.pt's, else best.pt's): 1 for those
+    written before they recorded one; None: no readable checkpoint."""
+    for name in (LAST, BEST):
+        try:
+            return peek_checkpoint(run_dir / name).get("config_version", 1)
+        except CheckpointError:
+            continue
+    return None
+
+
+def trained_on(run_dir: Path) -> str | None:
+    """The device type ("cuda", "cpu") a run's last.pt (else best.pt) was saved from: a
+    checkpoint's tensors keep the device they were on; None: no readable checkpoint."""
+    where: set[str] = set()
+
+    def note(storage: Any, location: str) -> Any:
+        where.add(location.split(":")[0])
+        return storage
+
+    for name in (LAST, BEST):
+        try:
+            torch.load(run_dir / name, map_location=note, weights_only=True, mmap=True)
+        except Exception:  # absent, damaged or foreign: the next one, or unknown
+            continue
+        return "cuda" if "cuda" in where else "cpu"
+    return None
+
+
 def run_config(run_dir: Path) -> Config:
-    """A run directory's config; refused where there is none (not a run directory)."""
+    """A run directory's config, in today's schema with the values the run used (its
+    checkpoints say its schema where its config.yaml lost the line, and the device it trained
+    on where a key's older value depends on it); refused where there is none."""
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
-    return config_mod.load_recorded(path)
+    return config_mod.load_recorded(
+        path, lambda: checkpoint_version(run_dir), lambda: trained_on(run_dir)
+    )
 
 
 def load_run(
@@ -288,8 +349,9 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
     records = jsonl.read(run_dir / METRICS) + jsonl.read(run_dir / TRAIN_LOG)
     scored = [r for r in records if r.get("dev_bleu") is not None]
     best = max(scored, key=lambda r: r["dev_bleu"], default=None)
+    logged = max((r["step"] for r in records), default=0)
     return {
-        "steps": max((r["step"] for r in records), default=0),
+        "steps": checkpoint_step(run_dir / LAST, logged),
         "minutes": max((r["minutes"] for r in records), default=0.0),
         "validations": sum(r.get("event", "validation") == "validation" for r in scored),
         "best_dev_bleu": None if best is None else best["dev_bleu"],
@@ -298,6 +360,15 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "finished": finished_record(run_dir / LAST),
         "chosen": run_choices(run_dir),
     }
+
+
+def checkpoint_step(path: Path, otherwise: int) -> int:
+    """The step a checkpoint holds (read without its tensors); `otherwise` where it cannot
+    be read (none yet, or damaged)."""
+    try:
+        return peek_checkpoint(path)["step"]
+    except CheckpointError:
+        return otherwise
 
 
 def finished_record(path: Path) -> dict[str, Any] | None:

@@ -2,14 +2,15 @@
 record of where a run came from (config.yaml's `parent`, and every checkpoint's).
 
 A run with `train.init_from: RUN` (or RUN/CHECKPOINT) starts from the parent's weights and
-tokenizers and takes its `model` and `tokenizer` sections; everything else (optimizer,
-schedule, batch order, dropout, data, `train`) is its own. Rank 0 alone reads the parent and
-sends it to the others, as a resume does: no rank needs another's disk.
+tokenizers and takes the keys declared `Child.INHERITED` beside them in config.py (its `model`
+and `tokenizer` sections, but for dropout); the languages must agree (`Child.AGREED`);
+everything else (optimizer, schedule, batch order, dropout, data, `train`) is its own. Rank 0
+alone reads the parent and sends it to the others, as a resume does: no rank needs another's
+disk.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 import yaml
 
 from mtrain.core import config as config_mod
-from mtrain.core.config import Config, ConfigError
+from mtrain.core.config import POLICIES, Child, Config, ConfigError, effective
 from mtrain.core.distributed import Group
 from mtrain.core.files import lock_holder
 from mtrain.data.tokenizer import Tokenizer, TokenizerError
@@ -38,9 +39,6 @@ from mtrain.run.directory import (
 log = logging.getLogger(__name__)
 
 PARENT = config_mod.PARENT  # config.yaml's section, and the checkpoints' entry
-INHERITED = ("model", "tokenizer")  # the sections a run takes from its parent
-OWN = {("model", "dropout")}  # in them, but the new config's: regularisation is the new run's
-AGREED = (("data", "src_lang"), ("data", "tgt_lang"))  # not taken, but must be the parent's
 EXPORT_MODEL = "model.bin"  # export/converter.py's MODEL_FILE: a CTranslate2 export holds it
 
 
@@ -120,40 +118,35 @@ def _read(path: Path) -> Parent:
 
 
 def given_keys(config_path: Path, overrides: list[str]) -> set[tuple[str, str]]:
-    """The keys of the inherited sections that a config file and its `--set`s name."""
+    """The keys a run takes from its parent that a config file and its `--set`s name."""
     raw = config_mod.read_config(config_path) or {}
     for assignment in overrides:
         config_mod.apply_override(raw, assignment)
     return {
-        (section, key)
-        for section in INHERITED
-        if isinstance(raw.get(section), dict)
-        for key in raw[section]
+        (section, name)
+        for (section, name), policy in POLICIES.items()
+        if policy.child is Child.INHERITED
+        if isinstance(raw.get(section), dict) and name in raw[section]
     }
 
 
 def inherit(cfg: Config, source: Config, where: str, given: set[tuple[str, str]] | None) -> None:
-    """Give `cfg` the model and tokenizer sections of `source` (the parent's config, or the
-    run's own on a resume), but for dropout; a key that `given` holds (None: every key) and
-    that differs from `source` is refused, naming it and both values."""
-    for section in INHERITED:
+    """Give `cfg` the keys a run takes from `source` (the parent's config, or the run's own on
+    a resume); a key that `given` holds (None: every key) and whose value differs from
+    `source`'s, or a key that must agree and does not, is refused, naming it and both values.
+    The config is checked again with what it took."""
+    for (section, name), policy in POLICIES.items():
+        if policy.child is Child.OWN:
+            continue
         mine, theirs = getattr(cfg, section), getattr(source, section)
-        for field in dataclasses.fields(mine):
-            key, new, old = (
-                (section, field.name),
-                getattr(mine, field.name),
-                getattr(theirs, field.name),
-            )
-            if key in OWN or new == old:
-                continue
-            if given is not None and key not in given:
-                setattr(mine, field.name, old)
-                continue
-            refuse(key, new, old, where)
-    for section, name in AGREED:
-        new, old = getattr(getattr(cfg, section), name), getattr(getattr(source, section), name)
-        if new != old:
+        new, old = getattr(mine, name), getattr(theirs, name)
+        if effective(mine, name) == effective(theirs, name):
+            setattr(mine, name, old)  # the same, perhaps said otherwise (tgt_vocab_size 0)
+        elif policy.child is Child.INHERITED and given is not None and (section, name) not in given:
+            setattr(mine, name, old)
+        else:
             refuse((section, name), new, old, where)
+    config_mod.validate(cfg, f"train.init_from: with the model and tokenizer of {where}")
 
 
 def refuse(key: tuple[str, str], new: Any, old: Any, where: str) -> None:

@@ -96,6 +96,10 @@ class Progress:
     finished: Finished | None = None  # why the run ended; None while it goes on
     validated: bool = True  # whether dev scores were taken at this step
 
+    def done(self, cfg: TrainConfig) -> bool:
+        """Whether a start has nothing to do: finished, the limit that ended it not raised."""
+        return self.finished is not None and not self.finished.raised(cfg)
+
 
 class RunClock:
     """Minutes of training, those before a resume included."""

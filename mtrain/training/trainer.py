@@ -101,7 +101,7 @@ class Trainer:
         cfg, main, scores = self.cfg, self.group.is_main, self.state.scores
         finished = self.progress.finished
         trim_logs(self.run_dir, self.step, main)
-        if finished and not finished.raised(cfg):  # nothing to do
+        if self.progress.done(cfg):
             if main:
                 why, hint = finished.reason, finished.hint(cfg)
                 log.info("%s finished at step %d (%s); %s", self.run_dir, self.step, why, hint)
