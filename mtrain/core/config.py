@@ -199,9 +199,10 @@ class TrainConfig:
     # Sentences translated greedily at every validation, to watch the model learn: shown on
     # stderr and kept with their cross-attention in examples.jsonl. The dev sentences are a
     # count, not a list: they come from whichever dev corpus the config names.
-    examples: list[str] = key(["我是谁"], KEPT, OWN, Added([], "dc6eecf"))
+    # What a run shows, not what it trains (greedy, no random draw): a resume may change them.
+    examples: list[str] = key(["我是谁"], MAY_CHANGE, OWN, Added([], "dc6eecf"))
     # Short dev sentences added to them, with their references.
-    dev_examples: int = key(3, KEPT, OWN, Added(0, "dc6eecf"))
+    dev_examples: int = key(3, MAY_CHANGE, OWN, Added(0, "dc6eecf"))
     # Also write TensorBoard event files (the tensorboard extra): what is logged, not trained.
     tensorboard: bool = key(False, MAY_CHANGE, OWN, Added(False, "dc6eecf"))
     # A run (its best.pt) or RUN/CHECKPOINT whose weights, tokenizers, `model` and `tokenizer`
