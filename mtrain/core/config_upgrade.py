@@ -62,6 +62,8 @@ ADDED: dict[tuple[str, str], Any] = {
     # version 2: before, every run ran eagerly and started from random weights
     ("train", "compile"): False,
     ("train", "init_from"): "",
+    # before model variants, every model was the textbook's
+    ("model", "variant"): "textbook",
 }
 
 # Keys the schema no longer has: what they set is now fixed (decode.batch_size became
