@@ -56,6 +56,9 @@ def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, fl
             if isinstance(norm, torch.nn.LayerNorm):
                 norm.weight.uniform_(0.5, 1.5)
                 norm.bias.uniform_(-0.5, 0.5)
+        for name, table in model.named_parameters():  # learned positions large enough to tell
+            if ".positions." in name:
+                table.normal_()
         for token, bias in biases.items():
             model.output_projection.bias[token] += bias
     state = {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint(), "step": 0}
