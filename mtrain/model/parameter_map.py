@@ -64,7 +64,7 @@ def parts(model: Transformer) -> list[Part]:
     first = (model.encoder.layers or model.decoder.layers)[0]
     d_ff = first.feed_forward.linear1.out_features
     pre = first.residuals[0].pre_norm
-    peek = isinstance(model.tgt_mask, PeekingMask)
+    peek = isinstance(model.decoder_mask, PeekingMask)
     mask = "look-ahead mask in decoding, none in training" if peek else "look-ahead mask"
     src_vocab, tgt_vocab = (
         model.src_embed.tokens.num_embeddings,

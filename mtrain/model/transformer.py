@@ -496,7 +496,7 @@ class Transformer(nn.Module):
         self.tgt_embed = Embeddings(tgt_vocab_size, d, parts.positions(d, max_len), cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.tgt_mask = parts.decoder_mask()  # the look-ahead mask of teacher forcing
+        self.decoder_mask = parts.decoder_mask()  # builds the tgt_mask of teacher forcing
         self.output_projection = nn.Linear(cfg.d_model, tgt_vocab_size)
         if cfg.tie_embeddings:  # one (vocab, d_model) matrix embeds and scores target tokens
             self.output_projection.weight = self.tgt_embed.tokens.weight
@@ -555,7 +555,7 @@ class Transformer(nn.Module):
         length = tgt_in.size(1)
         if cache is None:
             past = 0
-            tgt_mask = self.tgt_mask(tgt_in, self.pad_id)
+            tgt_mask = self.decoder_mask(tgt_in, self.pad_id)
         else:
             past = cache.length
             # One new position may attend to everything before it: no mask needed.
