@@ -56,6 +56,9 @@ def make_run(path: Path, cfg: Config, tokenizer: Tokenizer, biases: dict[int, fl
             if isinstance(norm, torch.nn.LayerNorm):
                 norm.weight.uniform_(0.5, 1.5)
                 norm.bias.uniform_(-0.5, 0.5)
+        for name, table in model.named_parameters():  # learned positions large enough to tell
+            if ".positions." in name:
+                table.normal_()
         for token, bias in biases.items():
             model.output_projection.bias[token] += bias
     state = {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint(), "step": 0}
@@ -384,6 +387,23 @@ def test_options_ctranslate2_cannot_express_are_refused_by_name():
     with pytest.raises(ExportError, match=r"^model\.norm: 'rms' cannot be expressed"):
         check_expressible(rms)
     check_expressible(Config())  # every option of today's models
+    for variant in ("no-residual", "no-layernorm"):  # CTranslate2's sublayers have both
+        refused = Config(model=ModelConfig(variant=variant))
+        with pytest.raises(ExportError, match=rf"^model\.variant: '{variant}' cannot be"):
+            check_expressible(refused)
+
+
+@pytest.mark.parametrize("variant", ["no-positions", "learned-positions", "peek", "no-scale"])
+def test_variants_ctranslate2_expresses_translate_alike(ct2, tokenizer, tmp_path, variant):
+    """Positions of zeros or learned; peek decodes as the textbook; no-scale's queries are
+    scaled up by as much as CTranslate2 scales them down."""
+    cfg = random_config("pre", True, False)
+    cfg.model.variant = variant
+    run = make_run(tmp_path / "run", cfg, tokenizer, {})
+    ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode)
+    expected, got = ours.translate_nbest(SENTENCES), theirs.translate_nbest(SENTENCES)
+    assert [[t.text for t in n] for n in got] == [[t.text for t in n] for n in expected]
+    assert len({n[0].text for n in expected}) > 10  # outputs vary with the input
 
 
 def test_a_weight_with_no_place_in_the_spec_is_refused(ct2, tokenizer):

@@ -133,6 +133,20 @@ class TokenizerConfig:
         return self.vocab_size if self.joint else self.tgt_vocab_size or self.vocab_size
 
 
+# model.variant: the textbook's Transformer, or it with one part swapped out (one change at a
+# time, so that a run measures what that part buys), and the part each lacks, in words.
+VARIANTS = {
+    "textbook": "",
+    "no-positions": "the encoder and decoder add no positional encoding",
+    "learned-positions": "positions are learned embeddings, not the fixed sinusoids",
+    "peek": "in training the decoder's self-attention has no look-ahead mask (it sees the "
+    "targets it must predict); decoding is as usual",
+    "no-scale": "attention scores are not divided by √d_head",
+    "no-residual": "no sublayer has its residual connection",
+    "no-layernorm": "no LayerNorm, in the sublayers or after the stacks",
+}
+
+
 @dataclass
 class ModelConfig:
     d_model: int = key(256, KEPT, INHERITED)
@@ -146,6 +160,8 @@ class ModelConfig:
     # One matrix for the target embedding and the output projection (and the source embedding
     # too when the vocabulary is joint); ff2b51d: untied before.
     tie_embeddings: bool = key(True, KEPT, INHERITED, Added(False, "ff2b51d"))
+    # One of VARIANTS: the textbook's model, or it with one part swapped (mtrain lab).
+    variant: str = key("textbook", KEPT, INHERITED, Added("textbook", "c4a89ab", version=3))
 
 
 @dataclass
@@ -383,7 +399,7 @@ def _check_positive(cfg: Config) -> None:
 
 
 def _check_model(cfg: Config) -> None:
-    """d_model splits into heads, and into sine and cosine pairs."""
+    """d_model splits into heads, and into sine and cosine pairs; a known variant."""
     if cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(
             f"model.d_model: {cfg.model.d_model} is not divisible by "
@@ -391,6 +407,11 @@ def _check_model(cfg: Config) -> None:
         )
     if cfg.model.d_model % 2:
         raise ConfigError("model.d_model: must be even for sinusoidal positions")
+    if cfg.model.variant not in VARIANTS:
+        raise ConfigError(
+            f"model.variant: expected one of {', '.join(VARIANTS)}, "
+            f"got {reprlib.repr(cfg.model.variant)}"
+        )
 
 
 def _check_ranges(cfg: Config) -> None:

@@ -67,6 +67,7 @@ MIGRATIONS = (
         # decode.batch_size (sentences per batch) became decode.batch_tokens in fe3ae92
         removed=frozenset({("decode", "batch_size")}),
     ),
+    Migration(3, "model.variant names the model's variant; every model before was the textbook's"),
 )
 
 # The schema of the configs and checkpoints this mtrain writes: the chain's last step.

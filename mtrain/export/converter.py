@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from mtrain.core.config import Config
+from mtrain.core.config import Config, ModelConfig
 from mtrain.core.errors import MtrainError
 from mtrain.core.files import (
     lock_beside,
@@ -91,6 +92,11 @@ EXPRESSIBLE: dict[str, set | None] = {
     "dropout": None,  # training only
     "norm": {"pre", "post"},
     "tie_embeddings": {True, False},  # tied matrices are stored once (CTranslate2 aliases them)
+    # CTranslate2 adds a table of positions (zeros: none; a learned one), decodes with the
+    # look-ahead mask (peek lacks it in training only), and scales queries by 1/sqrt(d_head)
+    # (undone for no-scale by scaling our query projection); every sublayer has its residual
+    # connection and LayerNorm.
+    "variant": {"textbook", "no-positions", "learned-positions", "peek", "no-scale"},
 }
 
 
@@ -148,10 +154,11 @@ class _Weights:
     def norm(self, spec, scope: str) -> None:
         spec.gamma, spec.beta = self(f"{scope}.weight").numpy(), self(f"{scope}.bias").numpy()
 
-    def attention(self, spec, scope: str, self_attention: bool) -> None:
-        """Our q_proj and kv_proj (keys then values) as CTranslate2's fused projections."""
-        q, kv = self(f"{scope}.q_proj.weight"), self(f"{scope}.kv_proj.weight")
-        qb, kvb = self(f"{scope}.q_proj.bias"), self(f"{scope}.kv_proj.bias")
+    def attention(self, spec, scope: str, self_attention: bool, q_scale: float = 1.0) -> None:
+        """Our q_proj and kv_proj (keys then values) as CTranslate2's fused projections; the
+        queries times `q_scale`."""
+        q, kv = self(f"{scope}.q_proj.weight") * q_scale, self(f"{scope}.kv_proj.weight")
+        qb, kvb = self(f"{scope}.q_proj.bias") * q_scale, self(f"{scope}.kv_proj.bias")
         if self_attention:  # one (3 d_model, d_model) matrix: queries, keys, values
             spec.linear[0].weight = torch.cat([q, kv]).numpy()
             spec.linear[0].bias = torch.cat([qb, kvb]).numpy()
@@ -166,6 +173,15 @@ def _layer_norm_epsilon(model: Transformer) -> float:
     if len(eps) != 1:
         raise ExportError(f"LayerNorms with several epsilons {sorted(eps)}; CTranslate2 has one")
     return eps.pop()
+
+
+def _positions(m: ModelConfig, model: Transformer, side: str, w: _Weights) -> torch.Tensor:
+    """(positions, d_model): the table added to one side's embeddings. The sinusoids for
+    POSITIONS at least; a learned table has the run's rows; no-positions, zeros."""
+    if m.variant == "learned-positions":
+        return w(f"{side}_embed.positions.table.weight")
+    table = PositionalEncoding(m.d_model, max(POSITIONS, model.max_len)).pe
+    return torch.zeros_like(table) if m.variant == "no-positions" else table
 
 
 def build_spec(cfg: Config, tokenizer: Tokenizer, model: Transformer):
@@ -183,26 +199,27 @@ def build_spec(cfg: Config, tokenizer: Tokenizer, model: Transformer):
         activation=common_spec.Activation.RELU,
     )
     w = _Weights(model)
-    table = PositionalEncoding(m.d_model, max(POSITIONS, model.src_embed.positions.pe.size(0)))
     for side, stack in (("src", spec.encoder), ("tgt", spec.decoder)):
         embeddings = stack.embeddings[0] if side == "src" else stack.embeddings
         embeddings.weight = w(f"{side}_embed.tokens.weight").numpy()
         stack.scale_embeddings = True  # tokens × sqrt(d_model), then + position
-        stack.position_encodings.encodings = table.pe.numpy()  # (positions, d_model)
+        stack.position_encodings.encodings = _positions(m, model, side, w).numpy()
         if pre_norm:  # the final LayerNorm of a pre-norm stack
             w.norm(stack.layer_norm, "encoder.norm" if side == "src" else "decoder.norm")
+    # CTranslate2's scores are divided by sqrt(d_head): no-scale's queries are that much larger.
+    q_scale = math.sqrt(m.d_model // m.n_heads) if m.variant == "no-scale" else 1.0
     for i, layer in enumerate(spec.encoder.layer):
         scope = f"encoder.layers.{i}"
-        w.attention(layer.self_attention, f"{scope}.self_attn", self_attention=True)
+        w.attention(layer.self_attention, f"{scope}.self_attn", True, q_scale)
         w.norm(layer.self_attention.layer_norm, f"{scope}.residuals.0.norm")
         w.linear(layer.ffn.linear_0, f"{scope}.feed_forward.linear1")
         w.linear(layer.ffn.linear_1, f"{scope}.feed_forward.linear2")
         w.norm(layer.ffn.layer_norm, f"{scope}.residuals.1.norm")
     for i, layer in enumerate(spec.decoder.layer):
         scope = f"decoder.layers.{i}"
-        w.attention(layer.self_attention, f"{scope}.self_attn", self_attention=True)
+        w.attention(layer.self_attention, f"{scope}.self_attn", True, q_scale)
         w.norm(layer.self_attention.layer_norm, f"{scope}.residuals.0.norm")
-        w.attention(layer.attention, f"{scope}.cross_attn", self_attention=False)
+        w.attention(layer.attention, f"{scope}.cross_attn", False, q_scale)
         w.norm(layer.attention.layer_norm, f"{scope}.residuals.1.norm")
         w.linear(layer.ffn.linear_0, f"{scope}.feed_forward.linear1")
         w.linear(layer.ffn.linear_1, f"{scope}.feed_forward.linear2")

@@ -53,7 +53,7 @@ class TranslationModel:
             size = f", {n / 1e6:.1f}M parameters"
         layers = (
             f"{m.n_encoder_layers}+{m.n_decoder_layers} layers, d_model {m.d_model}, "
-            f"{m.n_heads} heads"
+            f"{m.n_heads} heads" + ("" if m.variant == "textbook" else f", {m.variant}")
         )
         where = f"{self.checkpoint} (step {self.step})" if self.checkpoint else str(self.path)
         return f"<TranslationModel {self.direction}{size}, {layers}; {self.engine}: {where}>"

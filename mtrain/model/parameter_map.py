@@ -6,7 +6,15 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from mtrain.model.transformer import DecoderLayer, EncoderLayer, Transformer
+from mtrain.model.transformer import (
+    DecoderLayer,
+    EncoderLayer,
+    NoPositions,
+    PeekingMask,
+    Transformer,
+    WithoutLayerNorm,
+    WithoutResidual,
+)
 
 
 @dataclass
@@ -20,36 +28,49 @@ class Part:
     shared_with: list[str] = field(default_factory=list)  # parts that use this part's matrix
 
 
-def _layer_parts(layer: nn.Module, prefix: str, heads: int, d: int, d_ff: int, pre: bool):
+def _connection(module: nn.Module, d: int) -> tuple[str, str]:
+    """The name and shape of the connection around a sublayer."""
+    norm = f"LayerNorm({d}), " + ("pre-norm" if module.pre_norm else "post-norm")
+    if isinstance(module, WithoutResidual):
+        return "norm, no residual", norm
+    if isinstance(module, WithoutLayerNorm):
+        return "add, no LayerNorm", "residual connection only"
+    return "add & norm", norm
+
+
+def _layer_parts(layer: nn.Module, prefix: str, d: int, d_ff: int, mask: str):
     """(name, module path, shape) of each sublayer of an encoder or decoder layer, in order."""
-    attention = f"{heads} heads × {d // heads}"
+    attn = layer.self_attn
+    unscaled = ", scores unscaled" if attn.scale != attn.d_head**-0.5 else ""
+    attention = f"{attn.n_heads} heads × {attn.d_head}{unscaled}"
     if isinstance(layer, EncoderLayer):
         subs = [("self-attention", "self_attn", attention)]
     else:
         assert isinstance(layer, DecoderLayer)
         subs = [
-            ("masked self-attention", "self_attn", f"{attention}, look-ahead mask"),
+            ("masked self-attention", "self_attn", f"{attention}, {mask}"),
             ("cross-attention", "cross_attn", f"{attention}, keys/values: encoder"),
         ]
     subs.append(("feed-forward", "feed_forward", f"{d} → {d_ff} → {d}, ReLU"))
-    norm = f"LayerNorm({d}), " + ("pre-norm" if pre else "post-norm")
     for i, (name, attr, shape) in enumerate(subs):
         yield name, f"{prefix}.{attr}", shape
-        yield "add & norm", f"{prefix}.residuals.{i}", norm
+        connection, shape = _connection(layer.residuals[i], d)
+        yield connection, f"{prefix}.residuals.{i}", shape
 
 
 def parts(model: Transformer) -> list[Part]:
     """Every textbook part of `model`, in reading order, with its own parameter count."""
-    attn = model.encoder.layers[0].self_attn if model.encoder.layers else None
     d = model.src_embed.tokens.embedding_dim
-    heads = attn.n_heads if attn is not None else model.decoder.layers[0].self_attn.n_heads
-    d_ff = (model.encoder.layers or model.decoder.layers)[0].feed_forward.linear1.out_features
-    pre = isinstance(model.encoder.norm, nn.LayerNorm)
+    first = (model.encoder.layers or model.decoder.layers)[0]
+    d_ff = first.feed_forward.linear1.out_features
+    pre = first.residuals[0].pre_norm
+    peek = isinstance(model.decoder_mask, PeekingMask)
+    mask = "look-ahead mask in decoding, none in training" if peek else "look-ahead mask"
     src_vocab, tgt_vocab = (
         model.src_embed.tokens.num_embeddings,
         model.tgt_embed.tokens.num_embeddings,
     )
-    max_len = model.src_embed.positions.pe.size(0)
+    max_len = model.max_len
     found = [Part(0, "Transformer", "", f"d_model {d}, {'pre' if pre else 'post'}-norm")]
 
     def add(depth: int, name: str, module: str, shape: str) -> None:
@@ -62,19 +83,16 @@ def parts(model: Transformer) -> list[Part]:
         embed = "src_embed" if side == "encoder" else "tgt_embed"
         word = "source" if side == "encoder" else "target"
         add(1, f"{word} embedding", f"{embed}.tokens", f"{vocab} × {d}, scaled by √{d}")
-        add(
-            1,
-            f"{word} positional encoding",
-            f"{embed}.positions",
-            f"{max_len} × {d}, fixed sinusoids",
-        )
+        positions = getattr(model, embed).positions
+        shape = "none" if isinstance(positions, NoPositions) else f"{max_len} × {d}"
+        add(1, f"{word} positional encoding", f"{embed}.positions", f"{shape}, {positions.kind}")
         n = len(stack.layers)
         add(1, f"{side} ({n} layer{'s' if n != 1 else ''})", side, "")
         for i, layer in enumerate(stack.layers):
             add(2, f"{side} layer {i + 1}", f"{side}.layers.{i}", "")
-            for name, path, shape in _layer_parts(layer, f"{side}.layers.{i}", heads, d, d_ff, pre):
+            for name, path, shape in _layer_parts(layer, f"{side}.layers.{i}", d, d_ff, mask):
                 add(3, name, path, shape)
-        if pre:
+        if isinstance(stack.norm, nn.LayerNorm):
             add(2, f"final LayerNorm of the {side}", f"{side}.norm", f"LayerNorm({d})")
     add(
         1,

@@ -2,6 +2,9 @@
 
 Masks are boolean and broadcast over heads: True means "may attend". They are built here, in
 `padding_mask`, `causal_mask` and `teacher_forcing_mask` (the two together), and nowhere else.
+
+`model.variant` swaps one part of the textbook's model for another, chosen once at construction
+(`PARTS`): each swapped part follows the textbook's, named after the variant it serves.
 """
 
 from __future__ import annotations
@@ -33,17 +36,23 @@ def teacher_forcing_mask(tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """Fused scaled dot-product attention: (B, h, Tq, d_head) queries over (B, h, Tk, d_head).
+    """Fused dot-product attention, scores times `scale` (None: 1/sqrt(d_head)):
+    (B, h, Tq, d_head) queries over (B, h, Tk, d_head).
 
     On the CPU it computes in fp32 even under bf16 autocast: there the bf16 kernel's backward
     is so much slower than the fp32 one that it costs more than bf16 saves in the projections.
     """
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            q, k, v = q.float(), k.float(), v.float()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 class _KeepAndScale(torch.autograd.Function):
@@ -93,8 +102,11 @@ class Dropout(nn.Module):
 class PositionalEncoding(nn.Module):
     """Adds the fixed sinusoidal position signal of the paper to a (B, L, d_model) input."""
 
+    kind = "fixed sinusoids"
+
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
+        self.max_len = max_len
         position = torch.arange(max_len, dtype=torch.float)[:, None]  # (max_len, 1)
         inv_freq = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
         pe = torch.zeros(max_len, d_model)
@@ -106,13 +118,41 @@ class PositionalEncoding(nn.Module):
         return x + self.pe[offset : offset + x.size(1)]
 
 
+class LearnedPositions(nn.Module):
+    """learned-positions: adds a trained vector per position (as BERT, or fairseq's option)."""
+
+    kind = "learned"
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=d_model**-0.5)  # as fairseq's
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x + self.table.weight[offset : offset + x.size(1)]  # (L, d_model) broadcast
+
+
+class NoPositions(nn.Module):
+    """no-positions: adds nothing, so that attention sees the tokens as a bag, not a sequence."""
+
+    kind = "word order invisible"
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x
+
+
 class Embeddings(nn.Module):
     """Token embedding scaled by sqrt(d_model), plus positional encoding, then dropout."""
 
-    def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float):
+    def __init__(self, vocab_size: int, d_model: int, positions: nn.Module, dropout: float):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, d_model)
-        self.positions = PositionalEncoding(d_model, max_len)
+        self.positions = positions
         self.dropout = Dropout(dropout)
         self.scale = math.sqrt(d_model)
         nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
@@ -130,9 +170,12 @@ class MultiHeadAttention(nn.Module):
     it calls the fused `attention`, which never forms them.
     """
 
-    def __init__(self, d_model: int, n_heads: int):
+    def __init__(self, d_model: int, n_heads: int, scaled: bool = True):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_model // n_heads
+        # Scores divided by sqrt(d_head), lest large dot products saturate the softmax; no-scale:
+        # the raw dot products.
+        self.scale = self.d_head**-0.5 if scaled else 1.0
         self.q_proj = nn.Linear(d_model, d_model)
         self.kv_proj = nn.Linear(d_model, 2 * d_model)  # keys and values in one matmul
         self.out_proj = nn.Linear(d_model, d_model)
@@ -154,13 +197,13 @@ class MultiHeadAttention(nn.Module):
         """query (B, Tq, d_model) over projected keys/values; mask broadcasts to (B, h, Tq, Tk)."""
         q = self._split_heads(self.q_proj(query))
         if self.keep_weights:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, h, Tq, Tk)
+            scores = q @ k.transpose(-2, -1) * self.scale  # (B, h, Tq, Tk)
             if mask is not None:  # hidden keys get exactly zero weight
                 scores = scores.masked_fill(~mask, float("-inf"))
             self.weights = scores.softmax(dim=-1)
             out = self.weights @ v
         else:
-            out = attention(q, k, v, mask)  # (B, h, Tq, d_head)
+            out = attention(q, k, v, mask, self.scale)  # (B, h, Tq, d_head)
         b, _, tq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, tq, -1))
 
@@ -200,15 +243,88 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
+class WithoutResidual(Residual):
+    """no-residual: the sublayer's output replaces its input instead of being added to it."""
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.pre_norm:
+            return self.dropout(sublayer(self.norm(x)))
+        return self.norm(self.dropout(sublayer(x)))
+
+
+class WithoutLayerNorm(nn.Module):
+    """no-layernorm: the residual connection alone, x + dropout(sublayer(x)), pre or post."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.dropout = Dropout(dropout)
+        self.pre_norm = pre_norm  # recorded only: with no LayerNorm, pre and post are one
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        return x + self.dropout(sublayer(x))
+
+
+class LookAheadMask(nn.Module):
+    """The decoder self-attention's mask under teacher forcing: no padding, no look-ahead."""
+
+    def forward(self, tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
+        return teacher_forcing_mask(tgt_in, pad_id)  # (B, 1, T, T)
+
+
+class PeekingMask(LookAheadMask):
+    """peek: in training, padding only, so each position sees the targets it must predict.
+
+    In evaluation (validation loss, `score`) the textbook's mask: decoding only ever has the
+    past, and a model is measured as it decodes. So cached and uncached decoding agree.
+    """
+
+    def forward(self, tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
+        if self.training:
+            return padding_mask(tgt_in, pad_id)  # (B, 1, 1, T)
+        return super().forward(tgt_in, pad_id)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts a variant may swap: the textbook's by default."""
+
+    positions: type[nn.Module] = PositionalEncoding
+    scaled: bool = True  # attention scores divided by sqrt(d_head)
+    connection: type[nn.Module] = Residual  # around each sublayer
+    final_norm: bool = True  # a LayerNorm after each stack, when pre-norm
+    decoder_mask: type[LookAheadMask] = LookAheadMask  # of the decoder's self-attention
+
+
+# Each model.variant (core/config.py's VARIANTS, which says in words what each lacks): one swap.
+PARTS = {
+    "textbook": Parts(),
+    "no-positions": Parts(positions=NoPositions),
+    "learned-positions": Parts(positions=LearnedPositions),
+    "peek": Parts(decoder_mask=PeekingMask),
+    "no-scale": Parts(scaled=False),
+    "no-residual": Parts(connection=WithoutResidual),
+    "no-layernorm": Parts(connection=WithoutLayerNorm, final_norm=False),
+}
+
+
+def final_norm(cfg: ModelConfig) -> nn.Module:
+    """The LayerNorm that ends a pre-norm stack (none for post-norm, or without LayerNorm)."""
+    if cfg.norm == "pre" and PARTS[cfg.variant].final_norm:
+        return nn.LayerNorm(cfg.d_model)
+    return nn.Identity()
+
+
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual connection."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        pre, parts = cfg.norm == "pre", PARTS[cfg.variant]
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, parts.scaled)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
-        self.residuals = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, pre) for _ in range(2))
+        self.residuals = nn.ModuleList(
+            parts.connection(cfg.d_model, cfg.dropout, pre) for _ in range(2)
+        )
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         x = self.residuals[0](x, lambda y: self.self_attn(y, y, src_mask))
@@ -285,11 +401,13 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        pre, parts = cfg.norm == "pre", PARTS[cfg.variant]
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, parts.scaled)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, parts.scaled)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
-        self.residuals = nn.ModuleList(Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3))
+        self.residuals = nn.ModuleList(
+            parts.connection(cfg.d_model, cfg.dropout, pre) for _ in range(3)
+        )
 
     def forward(
         self,
@@ -329,7 +447,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
-        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.norm = final_norm(cfg)
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -343,7 +461,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
-        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.norm = final_norm(cfg)
 
     def forward(
         self,
@@ -371,11 +489,14 @@ class Transformer(nn.Module):
         joint_vocab: bool = False,
     ):
         super().__init__()
-        self.pad_id = pad_id
-        self.src_embed = Embeddings(src_vocab_size, cfg.d_model, max_len, cfg.dropout)
-        self.tgt_embed = Embeddings(tgt_vocab_size, cfg.d_model, max_len, cfg.dropout)
+        self.pad_id, self.max_len = pad_id, max_len
+        parts = PARTS[cfg.variant]
+        d = cfg.d_model
+        self.src_embed = Embeddings(src_vocab_size, d, parts.positions(d, max_len), cfg.dropout)
+        self.tgt_embed = Embeddings(tgt_vocab_size, d, parts.positions(d, max_len), cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
+        self.decoder_mask = parts.decoder_mask()  # builds the tgt_mask of teacher forcing
         self.output_projection = nn.Linear(cfg.d_model, tgt_vocab_size)
         if cfg.tie_embeddings:  # one (vocab, d_model) matrix embeds and scores target tokens
             self.output_projection.weight = self.tgt_embed.tokens.weight
@@ -399,7 +520,7 @@ class Transformer(nn.Module):
     def start_cache(self, memory: torch.Tensor, max_len: int | None = None) -> DecoderCache:
         """An empty decoder cache for up to `max_len` positions (default: all the model has),
         holding each layer's cross-attention keys and values."""
-        max_len = max_len or self.tgt_embed.positions.pe.size(0)
+        max_len = max_len or self.max_len
         layers = []
         for layer in self.decoder.layers:
             k, v = layer.cross_attn.keys_values(memory)  # (B, h, S, d_head)
@@ -427,13 +548,14 @@ class Transformer(nn.Module):
         """(B, T) decoder input ids -> (B, T, d_model), the decoder's output before projection.
 
         Without a cache (teacher forcing) the decoder reads all of `tgt_in` at once under the
-        look-ahead mask. With a cache (from `start_cache`), `tgt_in` continues the tokens decoded
-        so far, and the cache grows by T positions; those earlier tokens must not be padding.
+        look-ahead mask (peek: none in training). With a cache (from `start_cache`), `tgt_in`
+        continues the tokens decoded so far, and the cache grows by T positions; those earlier
+        tokens must not be padding.
         """
         length = tgt_in.size(1)
         if cache is None:
             past = 0
-            tgt_mask = teacher_forcing_mask(tgt_in, self.pad_id)
+            tgt_mask = self.decoder_mask(tgt_in, self.pad_id)
         else:
             past = cache.length
             # One new position may attend to everything before it: no mask needed.

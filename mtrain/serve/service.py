@@ -88,6 +88,7 @@ class Service:
                 "n_encoder_layers": m.n_encoder_layers,
                 "n_decoder_layers": m.n_decoder_layers,
                 "d_ff": m.d_ff,
+                "variant": m.variant,
             },
             "vocab": tokenizer.vocab_sizes(),
             "max_src_len": cfg.data.max_src_len,
