@@ -26,7 +26,7 @@ from mtrain.commands.common import (
 )
 from mtrain.core.files import check_arguments, check_input_encoding
 from mtrain.data.pairs import decode_lines
-from mtrain.decoding.score import TOP_K, Score
+from mtrain.decoding.score import TOP_K, Score, score_pairs
 from mtrain.run.directory import BEST
 
 CHUNK = 2000  # pairs scored at a time: any length of input in bounded memory
@@ -102,6 +102,6 @@ def score(
         it = iter(pairs)
         while chunk := [p for _, p in zip(range(CHUNK), it)]:
             sources, targets = [s for s, _ in chunk], [t for _, t in chunk]
-            for result in model.score(sources, targets, top_k):
+            for result in score_pairs(model.translator, sources, targets, top_k):
                 line = json.dumps(result.to_dict(), ensure_ascii=False) if as_json else None
                 typer.echo(line or format_tsv(result))

@@ -25,6 +25,7 @@ AVERAGED = "averaged.pt"
 TRAIN_LOG = "train.jsonl"  # training loss and learning rate every LOG_EVERY steps
 EXAMPLES = "examples.jsonl"  # each validation's example translations, with their attention
 TENSORBOARD = "tensorboard"  # the directory of TensorBoard's event files (train.tensorboard)
+EXPORT_MODEL = "model.bin"  # CTranslate2's weights: what a directory `mtrain export` wrote holds
 
 
 class CheckpointError(MtrainError, ValueError):
@@ -243,19 +244,15 @@ def run_choices(run_dir: Path) -> dict[str, Any] | None:
 def run_config(run_dir: Path) -> Config:
     """A run directory's config; refused where there is none (not a run directory)."""
     path = run_dir / CONFIG_FILE
+    if not path.is_file() and (run_dir / EXPORT_MODEL).is_file():
+        raise CheckpointError(
+            f"{run_dir}: a CTranslate2 export (written by mtrain export), not a run directory: "
+            "translate it with --engine ctranslate2 (in Python: "
+            'mtrain.load(path, engine="ctranslate2"))'
+        )
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
     return config_mod.load_recorded(path)
-
-
-def load_run(
-    run_dir: Path, device: torch.device, which: str = BEST
-) -> tuple[Config, Tokenizer, Transformer]:
-    """Load a trained run's config, tokenizer and model (in eval mode) from its directory."""
-    cfg = run_config(run_dir)
-    tokenizer = Tokenizer.load(run_dir)
-    model, _ = load_model(resolve(run_dir, which), cfg, tokenizer, device)
-    return cfg, tokenizer, model
 
 
 def load_model(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +77,7 @@ def run_log(
     """The run's log, open while it trains from `step`, `minutes` into the run, to where the
     coordinator says it is headed; on a rank other than 0, a log that shows and writes nothing.
     The bar is drawn on a terminal only: elsewhere its fields come as plain lines."""
-    plain = main and not sys.stderr.isatty() and not progress.is_widget()
+    plain = main and not progress.draws_bars()
     with contextlib.ExitStack() as files:
         bar = tqdm(
             total=coordinator.end_step(step, minutes),
