@@ -7,11 +7,14 @@ tests/test_notebook.py.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -84,9 +87,10 @@ def test_a_script_with_stderr_in_a_file_logs_plain_lines(corpus, tmp_path) -> No
     check_journey(text, result.stdout)
 
 
-def run_in_terminal(args: list[str]) -> tuple[int, str]:
+def run_in_terminal(args: list[str]) -> tuple[int, str, str]:
     """Run `args` with stderr (and stdin) on a pseudo-terminal; its exit status and stderr."""
     leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns
     process = subprocess.Popen(
         args,
         stdin=follower,

@@ -88,12 +88,16 @@ def lines_to_stderr(name: str = "mtrain") -> Iterator[None]:
     if logger.hasHandlers():
         yield
         return
-    handler, level = StderrHandler(logging.INFO), logger.level
+    handler, level, propagate = StderrHandler(logging.INFO), logger.level, logger.propagate
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    # Not to the root too: tqdm's logging_redirect_tqdm, which training enters, gives the
+    # root a handler of its own, and each line would show twice.
+    logger.propagate = False
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
