@@ -18,18 +18,26 @@ Importing mtrain is light: PyTorch and the rest load with the first call that ne
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mtrain.core.errors import MtrainError
+from mtrain.core.errors import MtrainError, OptionError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from mtrain.export.models import TranslationModel
+    from mtrain.translation_model import TranslationModel
 
 __version__ = "0.1.0"
 __all__ = ["MtrainError", "TranslationModel", "__version__", "curves", "lab", "load", "train"]
+
+
+def _path(value: Any, name: str) -> Path:
+    """An argument that names a file or directory, as a Path; anything else in one line."""
+    if not isinstance(value, (str, PathLike)) or not str(value):
+        raise OptionError(f"{name}: expected a path (a string or a Path), got {value!r}")
+    return Path(value)
 
 
 def load(
@@ -48,9 +56,23 @@ def load(
     `device` "auto" is CUDA when present; `quantize` computes in int8 (CPU only); `beam` and
     `alpha` replace the run's own search options (each call may replace them again).
     """
-    from mtrain.export.models import open_model
+    from mtrain.translation_model import open_model
 
-    return open_model(Path(path), engine, device, checkpoint, quantize, beam, alpha)
+    return open_model(_path(path, "path"), engine, device, checkpoint, quantize, beam, alpha)
+
+
+def _overrides(overrides: Any) -> list[str | tuple[str, Any]]:
+    """A mapping's items (Python values, set as given), or `--set` strings (YAML values)."""
+    if isinstance(overrides, Mapping):
+        return list(overrides.items())
+    if not isinstance(overrides, (str, bytes)) and isinstance(overrides, Iterable):
+        given = list(overrides)
+        if all(isinstance(item, str) for item in given):
+            return given
+    raise OptionError(
+        'overrides: expected a mapping such as {"train.max_steps": 100} or a list of '
+        f'"section.key=value" strings, got {overrides!r:.80}'
+    )
 
 
 def train(
@@ -58,31 +80,37 @@ def train(
     out: str | Path | None = None,
     overrides: Mapping[str, Any] | Iterable[str] = (),
     device: str = "auto",
-) -> Path:
+) -> Path | None:
     """Train as `mtrain train --config CONFIG --out OUT --set KEY=VALUE ...` does; return the
     run directory (default: runs/<config name>-<date-time>).
 
-    `overrides` are config keys to change, as {"train.max_steps": 100} or ["train.max_steps=100"].
-    A run directory that holds a checkpoint is resumed. Progress shows as a bar (a notebook
-    widget under Jupyter, with ipywidgets installed); Ctrl-C, or the notebook's interrupt, saves
-    a checkpoint and raises `Interrupted`, an MtrainError.
+    `overrides` are config keys to change: a mapping of Python values, set as given
+    ({"train.max_steps": 100, "data.train": "corpus #2.tsv"}), or `--set` strings, whose values
+    are YAML (["train.max_steps=100"]). A run directory that holds a checkpoint is resumed.
+    Progress shows as a bar on a terminal (a notebook widget under Jupyter, with ipywidgets
+    installed) and as plain lines on stderr elsewhere; Ctrl-C, or the notebook's interrupt,
+    saves a checkpoint and raises `Interrupted`, an MtrainError. Under torchrun, every rank
+    trains and rank 0 alone writes the run: the others return None.
     """
     from mtrain.commands.train import train_run
+    from mtrain.core.progress import lines_to_stderr
 
-    if isinstance(overrides, Mapping):
-        overrides = [f"{key}={value}" for key, value in overrides.items()]
-    out_dir = None if out is None else Path(out)
-    run_dir, _ = train_run(Path(config), list(overrides), out_dir, device, command=False)
-    if run_dir is None:  # under torchrun, on a rank other than 0
-        raise MtrainError("mtrain.train writes its run from one process; use mtrain train")
-    return run_dir
+    config_path, given = _path(config, "config"), _overrides(overrides)
+    out_dir = None if out is None else _path(out, "out")
+    if not isinstance(device, str):
+        raise OptionError(f"device: expected a string such as 'cpu', got {device!r}")
+    with lines_to_stderr():
+        run_dir, _ = train_run(config_path, given, out_dir, device, command=False)
+    return run_dir  # None under torchrun, on a rank other than 0
 
 
 def curves(*runs: str | Path) -> Figure:
     """The training curves of one or more run directories (`mtrain plot curves`): a Figure."""
     from mtrain.figures.curves import draw_curves
 
-    return draw_curves([Path(r) for r in runs])
+    if not runs:
+        raise OptionError("curves: name at least one run directory, as mtrain.curves(run)")
+    return draw_curves([_path(r, "run") for r in runs])
 
 
 def lab(
@@ -127,7 +155,7 @@ def lab(
 
 def __getattr__(name: str) -> Any:
     if name == "TranslationModel":  # its module loads PyTorch: only when asked for
-        from mtrain.export.models import TranslationModel
+        from mtrain.translation_model import TranslationModel
 
         return TranslationModel
     raise AttributeError(f"module 'mtrain' has no attribute {name!r}")

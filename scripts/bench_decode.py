@@ -34,12 +34,12 @@ from mtrain.core import config, runtime
 from mtrain.core.metrics import score
 from mtrain.data.pairs import group_references, read_parallel
 from mtrain.data.tokenizer import EOS_ID, PAD_ID
+from mtrain.decoding.loaded import load_run
 from mtrain.decoding.search import OutputLayer, greedy
 from mtrain.decoding.translator import Translator
 from mtrain.export import engine as ct2_engine
 from mtrain.export.converter import export_run
 from mtrain.model.transformer import Transformer
-from mtrain.run.directory import load_run
 
 CPU = torch.device("cpu")
 LONG = (40, 64)  # output pieces with --long-outputs
@@ -49,7 +49,7 @@ LENGTH_RATIO = 1.5  # source pieces = output pieces / this, as configs/default.y
 def long_output_model(args, device: torch.device) -> Transformer:
     """A run's model, or a randomly initialised one of a config, that never outputs </s>."""
     if args.run is not None:
-        model = load_run(args.run, device)[2]
+        model = load_run(args.run, device).model
     else:
         cfg = config.load(args.random_model)
         torch.manual_seed(0)
@@ -167,7 +167,8 @@ def main() -> None:
     device = runtime.pick_device(args.device)
     if args.long_outputs:
         return long_outputs(args, device)
-    cfg, tokenizer, model = load_run(args.run, device)
+    run = load_run(args.run, device)
+    cfg, tokenizer, model = run.cfg, run.tokenizer, run.model
     pairs = read_parallel(
         Path(cfg.data.test), cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns
     )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,88 @@ def test_score_command(model, run_dir, tmp_path) -> None:
     assert refused.returncode == 2 and f"{tsv}:2: expected SOURCE<TAB>TARGET" in refused.stderr
     odd = run_mtrain(*args, "我是谁？")
     assert odd.returncode == 2 and "give SOURCE TARGET pairs" in odd.stderr
+
+
+def test_a_mapping_of_overrides_is_set_as_python_values(tmp_path) -> None:
+    """{"data.train": "corpus #2.tsv"} names that file: " #" is no YAML comment here."""
+    corpus = tmp_path / "corpus #2.tsv"
+    with pytest.raises(mtrain.MtrainError, match=re.escape("corpus #2.tsv")):
+        mtrain.train(REPO / "configs/tiny.yaml", tmp_path / "run", {"data.train": str(corpus)})
+    assert not (tmp_path / "run").exists()
+
+
+WRONG_CALLS = {
+    "load(3)": (lambda m, r: mtrain.load(3), "path: expected a path"),
+    "load(beam='4')": (lambda m, r: mtrain.load(r, beam="4"), "beam: expected a whole number"),
+    "load(quantize='yes')": (lambda m, r: mtrain.load(r, quantize="yes"), "quantize: expected"),
+    "load(device=0)": (lambda m, r: mtrain.load(r, device=0), "device: expected a string"),
+    "train(3)": (lambda m, r: mtrain.train(3), "config: expected a path"),
+    "train(overrides=str)": (
+        lambda m, r: mtrain.train("configs/tiny.yaml", overrides="train.max_steps=1"),
+        "overrides: expected a mapping",
+    ),
+    "train(overrides=[1])": (
+        lambda m, r: mtrain.train("configs/tiny.yaml", overrides=[1]),
+        "overrides: expected",
+    ),
+    "train(device=None)": (
+        lambda m, r: mtrain.train("configs/tiny.yaml", device=None),
+        "device: expected a string",
+    ),
+    "translate(3)": (lambda m, r: m.translate(3), "text: expected a string or a list"),
+    "translate([3])": (lambda m, r: m.translate(["我", 3]), "text: expected a string or a list"),
+    "translate(nbest=0)": (lambda m, r: m.translate("我", nbest=0), "nbest 0: expected from 1"),
+    "translate(beam=10**6)": (
+        lambda m, r: m.translate("我", beam=10**6),
+        "beam 1000000: expected from 1 to 64",
+    ),
+    "translate(alpha='x')": (lambda m, r: m.translate("我", alpha="x"), "alpha: expected a num"),
+    "score(k=-1)": (lambda m, r: m.score("我", "I", k=-1), "k -1: expected from 1 to"),
+    "score(3, 4)": (lambda m, r: m.score(3, 4), "source: expected a string or a list"),
+    "trace(3)": (lambda m, r: m.trace(3), "text: expected a string"),
+    "trace(k=0)": (lambda m, r: m.trace("我", k=0), "k 0: expected from 1 to"),
+    "attention(None)": (lambda m, r: m.attention(None), "text: expected a string"),
+    "curves()": (lambda m, r: mtrain.curves(), "name at least one run directory"),
+}
+
+
+@pytest.mark.parametrize("call", list(WRONG_CALLS))
+def test_wrong_arguments_are_one_line_errors(call, model, run_dir) -> None:
+    """Not a TypeError or AttributeError from deep inside, not an empty list: one line."""
+    wrong, message = WRONG_CALLS[call]
+    with pytest.raises(mtrain.MtrainError, match=re.escape(message)) as caught:
+        wrong(model, run_dir)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_export_opened_as_a_run_says_what_it_is(tmp_path) -> None:
+    export = tmp_path / "ct2"
+    export.mkdir()
+    (export / "model.bin").write_bytes(b"")
+    (export / "mtrain.yaml").write_text("model: {}\n", encoding="utf-8")
+    expected = f"{export}: a CTranslate2 export (written by mtrain export), not a run directory"
+    with pytest.raises(mtrain.MtrainError, match=re.escape(expected)) as caught:
+        mtrain.load(export)
+    assert 'engine="ctranslate2"' in str(caught.value)
+    result = run_mtrain("translate", "--run", str(export), "我")
+    assert result.returncode == 2 and "--engine ctranslate2" in result.stderr
+
+
+def test_the_beam_has_one_bound_everywhere(run_dir) -> None:
+    from mtrain.core.config import MAX_BEAM
+    from mtrain.serve.api import Limits
+
+    assert Limits().max_beam == MAX_BEAM
+    for command in (["translate", "我"], ["eval"]):
+        result = run_mtrain(*command, "--run", str(run_dir), "--beam", "1000000")
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and "--beam" in result.stderr, result.stderr
+        assert str(MAX_BEAM) in result.stderr
+
+
+def test_train_returns_none_on_a_rank_that_writes_no_run(monkeypatch) -> None:
+    """Under torchrun the ranks other than 0 train too, and return None rather than raise."""
+    import mtrain.commands.train
+
+    monkeypatch.setattr(mtrain.commands.train, "train_run", lambda *args, **kwargs: (None, 0.0))
+    assert mtrain.train("configs/tiny.yaml") is None

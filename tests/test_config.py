@@ -77,6 +77,7 @@ def test_unknown_section_is_named(tmp_path):
         ("model: [\n", r"not valid YAML"),
         ("train:\n  seed: -1\n", r"^[^\n]*train\.seed: must be in \[0, 2\*\*64 - 1\], got -1$"),
         ("train:\n  seed: 18446744073709551616\n", r"train\.seed: must be in"),
+        ("decode:\n  beam_size: 65\n", r"decode\.beam_size: at most 64, got 65"),
     ],
 )
 def test_bad_values_are_named(tmp_path, text, message):
@@ -109,6 +110,28 @@ def test_overrides(tmp_path):
         config.load(path, ["train.lrr=1"])
     with pytest.raises(ConfigError, match=r"expected section\.key=value"):
         config.load(path, ["lr=1"])
+
+
+def test_python_values_are_set_as_given_and_checked_as_the_config_checks_them(tmp_path):
+    """The API's overrides are values, not YAML: a " #" is no comment, "no" no False, "" no
+    None; `--set` strings stay YAML."""
+    path = write(tmp_path, "data:\n  train: a.tsv\n")
+    given = [("data.train", "corpus #2.tsv"), ("data.src_lang", "no"), ("train.init_from", "")]
+    cfg = config.load(path, [*given, ("data.dev", tmp_path / "dev.tsv"), "train.max_steps=7"])
+    assert (cfg.data.train, cfg.data.src_lang, cfg.train.init_from) == ("corpus #2.tsv", "no", "")
+    assert cfg.data.dev == str(tmp_path / "dev.tsv") and cfg.train.max_steps == 7
+    with pytest.raises(ConfigError, match=r"data\.src_lang: expected str, got False"):
+        config.load(path, ["data.src_lang=no"])  # YAML's no
+    with pytest.raises(ConfigError, match=r"train\.max_steps: expected int, got '7'"):
+        config.load(path, [("train.max_steps", "7")])
+    with pytest.raises(ConfigError, match=r"train\.max_steps: expected int, got True"):
+        config.load(path, [("train.max_steps", True)])
+    with pytest.raises(ConfigError, match=r"override 'max_steps': expected a key as section\.key"):
+        config.load(path, [("max_steps", 7)])
+    examples = ["我是谁"]
+    cfg = config.load(path, [("train.examples", examples)])
+    cfg.train.examples.append("你好")
+    assert examples == ["我是谁"]  # the caller's list stays theirs
 
 
 def test_round_trip_through_dict():

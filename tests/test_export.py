@@ -24,12 +24,13 @@ from mtrain.cli import main
 from mtrain.core import files
 from mtrain.core.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.decoding.loaded import load_run
 from mtrain.decoding.search import NEVER_OUTPUT
 from mtrain.decoding.translator import Translator
 from mtrain.export import converter as export
 from mtrain.export import engine as ct2_engine
 from mtrain.export.converter import ExportError, check_expressible, export_run
-from mtrain.run.directory import BEST, build_model, load_run, save_checkpoint, write_config
+from mtrain.run.directory import BEST, build_model, save_checkpoint, write_config
 
 from .synthetic import REPO, number_pairs, overrides
 
@@ -88,7 +89,8 @@ def random_config(norm: str, tie: bool, joint: bool, beam: int = 1) -> Config:
 
 def both_engines(run: Path, out: Path, decode: DecodeConfig, nbest: int = 1):
     """mtrain's Translator on the run, and CTranslate2's on its export, with `decode`."""
-    cfg, tokenizer, model = load_run(run, CPU)
+    loaded = load_run(run, CPU)
+    cfg, tokenizer, model = loaded.cfg, loaded.tokenizer, loaded.model
     ours = Translator(model, tokenizer, cfg, CPU, decode, nbest)
     _, _, engine = ct2_engine.load(export_run(run, out), "cpu")
     return ours, ct2_engine.CT2Translator(engine, tokenizer, cfg, decode, nbest)
@@ -154,7 +156,7 @@ def test_token_log_probs_are_ours(ct2, tokenizer, tmp_path, norm, tie, joint):
         tokenizer = Tokenizer(tokenizer.src, tokenizer.src)
     cfg = random_config(norm, tie, joint)
     run = make_run(tmp_path / "run", cfg, tokenizer, {})
-    _, _, model = load_run(run, CPU)
+    model = load_run(run, CPU).model
     _, _, engine = ct2_engine.load(export_run(run, tmp_path / "ct2"), "cpu")
     zh, en = zip(*number_pairs(40, seed=5))
     # One to four sentences' worth, cut to the longest the model reads (with </s>) and decodes
@@ -241,7 +243,8 @@ def trained_run(tmp_path_factory, corpus) -> Path:
 def test_trained_model_greedy_is_ours_token_for_token(ct2, trained_run, tmp_path):
     """Greedy, float32: every sentence the same, or it differs first where our two best next
     tokens score within 1e-4 of each other (a tie that float rounding may break either way)."""
-    cfg, _, model = load_run(trained_run, CPU)
+    loaded = load_run(trained_run, CPU)
+    cfg, model = loaded.cfg, loaded.model
     greedy = dataclasses.replace(cfg.decode, beam_size=1)
     ours, theirs = both_engines(trained_run, tmp_path / "ct2", greedy)
     sentences = [zh for zh, _ in number_pairs(100, seed=21)]
@@ -267,7 +270,7 @@ def test_trained_model_greedy_is_ours_token_for_token(ct2, trained_run, tmp_path
 
 def test_trained_model_beam_agrees_and_scores_match(ct2, trained_run, tmp_path):
     """Beam 4 with the run's length penalty: >= 99% of sentences the same, scores within 1e-3."""
-    cfg, _, _ = load_run(trained_run, CPU)
+    cfg = load_run(trained_run, CPU).cfg
     beam4 = dataclasses.replace(cfg.decode, beam_size=4)
     ours, theirs = both_engines(trained_run, tmp_path / "ct2", beam4, nbest=1)
     sentences = [zh for zh, _ in number_pairs(100, seed=22)]

@@ -15,9 +15,10 @@ import torch
 
 from mtrain.core import config
 from mtrain.data.pairs import Batch, group_references, read_parallel
+from mtrain.decoding.loaded import load_run
 from mtrain.decoding.search import beam_search, greedy
 from mtrain.decoding.translator import Translator
-from mtrain.run.directory import load_checkpoint, load_run
+from mtrain.run.directory import load_checkpoint
 from mtrain.training.build import build_trainer
 from mtrain.training.trainer import Update
 
@@ -103,7 +104,8 @@ def test_translate_on_cuda_equals_the_cpu_on_200_dev_sentences(run_dir, exact_fp
     run = translation_run(run_dir)
     outputs = []
     for device in (CPU, CUDA):
-        cfg, tokenizer, model = load_run(run, device)
+        loaded = load_run(run, device)
+        cfg, tokenizer, model = loaded.cfg, loaded.tokenizer, loaded.model
         pairs = read_parallel(
             Path(cfg.data.dev), cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.swap_columns
         )

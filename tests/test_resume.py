@@ -15,11 +15,11 @@ import torch
 
 from mtrain.commands.train import check_resumable
 from mtrain.core import config, jsonl, runtime
+from mtrain.decoding.loaded import load_run
 from mtrain.run.directory import (
     TRAIN_LOG,
     CheckpointError,
     load_checkpoint,
-    load_run,
     save_checkpoint,
     save_copy,
     step_checkpoints,

@@ -443,7 +443,7 @@ BAD = [
     ("POST", "/translate", b'{"text": ["a", null]}', 422, "'text' item 1 must be a string"),
     ("POST", "/translate", b'{"text": []}', 422, "empty list"),
     ("POST", "/translate", b'{"text": "a", "beam": "4"}', 422, "'beam' must be an integer"),
-    ("POST", "/translate", b'{"text": "a", "beam": 0}', 422, "between 1 and 16"),
+    ("POST", "/translate", b'{"text": "a", "beam": 0}', 422, "between 1 and 64"),
     ("POST", "/translate", b'{"text": "a", "alpha": -1}', 422, "'alpha' must be a finite"),
     ("POST", "/translate", b'{"text": "a", "alpha": NaN}', 422, "'alpha' must be a finite"),
     ("POST", "/translate", b'{"text": "a", "nbest": 3}', 422, "nbest 3 needs beam 3"),

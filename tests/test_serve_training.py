@@ -20,8 +20,9 @@ import torch
 
 from mtrain.core import jsonl
 from mtrain.core.files import LOCK_FILE, DirectoryLock, stamp
+from mtrain.decoding.loaded import load_run
 from mtrain.decoding.translator import Translator
-from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
+from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint
 from mtrain.serve import reload, training_view
 from mtrain.serve.reload import ModelWatcher
 from mtrain.serve.service import Service
@@ -262,7 +263,8 @@ def rename_into_place(run: Path, step: int) -> None:
 
 def watcher_of(run: Path) -> tuple[ModelWatcher, Service]:
     before = stamp(run / BEST)
-    cfg, tokenizer, model = load_run(run, torch.device("cpu"))
+    loaded = load_run(run, torch.device("cpu"))
+    cfg, tokenizer, model = loaded.cfg, loaded.tokenizer, loaded.model
     translator = Translator(model, tokenizer, cfg, torch.device("cpu"))
     watcher, step = ModelWatcher.after_load(run / BEST, translator, False, before)
     return watcher, Service(translator, run, "mtrain", BEST, step)

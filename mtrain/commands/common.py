@@ -18,10 +18,10 @@ from typing import Annotated
 
 import typer
 
-from mtrain.core.config import MAX_ALPHA, Config
+from mtrain.core.config import MAX_ALPHA, MAX_BEAM, Config
 from mtrain.data import corpus
 from mtrain.decoding.translator import TextTranslator
-from mtrain.export.models import TranslationModel, open_model
+from mtrain.export.engine import Opened, open_engine
 from mtrain.run.directory import BEST, latest_run
 
 RUNS_ROOT = Path("runs")
@@ -55,7 +55,8 @@ RunOption = Annotated[
 
 
 BeamOption = Annotated[
-    int | None, typer.Option("--beam", min=1, help="Beam size; 1 is greedy. Default: the run's.")
+    int | None,
+    typer.Option("--beam", min=1, max=MAX_BEAM, help="Beam size; 1 is greedy. Default: the run's."),
 ]
 
 
@@ -186,9 +187,9 @@ class Decoding:
     nbest: int = 1
 
 
-def load_model(engine: Engine, d: Decoding) -> TranslationModel:
-    """`d`'s model on `engine`: the one place that opens a model, for every command that
-    translates (the latest run where `d` names none)."""
+def load_model(engine: Engine, d: Decoding) -> Opened:
+    """`d`'s model on `engine`, for every command that translates (the latest run where `d`
+    names none), opened as serve and `mtrain.load` open it (`export.engine.open_engine`)."""
     if engine is Engine.ctranslate2 and d.run is None:
         fail("--engine ctranslate2 needs --run DIR, a directory written by mtrain export")
     if engine is Engine.mtrain:
@@ -197,13 +198,13 @@ def load_model(engine: Engine, d: Decoding) -> TranslationModel:
         runtime.pick_device(d.device)  # a wrong --device is said before a run is looked for
     run = d.run if engine is Engine.ctranslate2 else resolve_run(d.run)
     int8 = d.quantize is Quantize.int8
-    return open_model(run, engine.value, d.device, d.checkpoint, int8, d.beam, d.alpha, d.nbest)
+    return open_engine(run, engine.value, d.device, d.checkpoint, int8, d.beam, d.alpha, d.nbest)
 
 
 def load_engine(engine: Engine, d: Decoding) -> tuple[Path, Config, TextTranslator]:
     """The directory, config and translator of `d`'s model on `engine`."""
     model = load_model(engine, d)
-    return model.path, model.cfg, model.translator
+    return model.path, model.translator.cfg, model.translator
 
 
 def resolve_data(cfg: Config, config_path: Path) -> None:

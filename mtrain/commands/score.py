@@ -29,7 +29,7 @@ from mtrain.commands.common import (
 from mtrain.core.config import DataConfig
 from mtrain.core.files import check_arguments, check_input_encoding
 from mtrain.data.pairs import decode_lines
-from mtrain.decoding.score import TOP_K, Score
+from mtrain.decoding.score import TOP_K, Score, score_pairs
 from mtrain.run.directory import BEST
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,8 @@ def score(
         it = iter(pairs)
         while chunk := list(itertools.islice(it, CHUNK)):
             wheres, sources, targets = (list(column) for column in zip(*chunk))
-            for where, result in zip(wheres, model.score(sources, targets, top_k)):
-                warn_truncated(where, result, model.cfg.data)
+            scored = score_pairs(model.translator, sources, targets, top_k)
+            for where, result in zip(wheres, scored):
+                warn_truncated(where, result, model.translator.cfg.data)
                 line = json.dumps(result.to_dict(), ensure_ascii=False) if as_json else None
                 typer.echo(line or format_tsv(result))

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
-from tqdm import tqdm
 
 from mtrain.commands.common import (
     AlphaOption,
@@ -30,6 +29,7 @@ from mtrain.commands.common import (
     quiet_matplotlib_dirs,
     setup_logging,
 )
+from mtrain.core import progress as progress_bar
 from mtrain.core.files import (
     OutputKind,
     check_arguments,
@@ -247,7 +247,7 @@ def write_all(
     results: Iterable[list[Translation]], out: TextIO, write: Writer, flush: bool, progress: bool
 ) -> None:
     """Write each input line's translations as they come, with a progress bar on stderr."""
-    with tqdm(desc="translate", unit=" lines", disable=not progress) as bar:
+    with progress_bar.bar(desc="translate", unit=" lines", disable=not progress) as bar:
         for number, translations in enumerate(results):
             write(out, number, translations)
             if flush:

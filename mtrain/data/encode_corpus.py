@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from mtrain.core import progress as progress_bar
 from mtrain.core.config import Config
-from mtrain.core.progress import tqdm
 from mtrain.data import encode_worker
 from mtrain.data.corpus import (
     OPENERS,
@@ -153,7 +153,7 @@ def _sample(
     files = [p for c in train for p in c.files]
     compressed = any(p.suffix in OPENERS for p in files)
     total = None if compressed else sum(p.stat().st_size for p in files)
-    bar = tqdm(
+    bar = progress_bar.bar(
         total=total, desc="sample", unit="B", unit_scale=True, leave=False, disable=not progress
     )
     with bar:
@@ -207,7 +207,7 @@ def _encode(
     what each corpus gave."""
     counts, lengths, hashes = Counter(), [], []
     files = [FileCounts() for _ in train]
-    bar = tqdm(
+    bar = progress_bar.bar(
         total=n_lines,
         desc="prepare",
         unit="line",

@@ -1,7 +1,9 @@
-"""Opening a run to translate with: its checkpoint loaded, quantised if asked, in a Translator.
+"""Opening a run: its config, tokenizer and checkpoint, loaded into a model and a Translator.
 
-The one way a run's model becomes a `Translator`: `mtrain translate`, `eval`, `score`, `plot`,
-`serve` (and each checkpoint it reloads) and `mtrain.load` all come through here.
+The one module that opens a run directory: `mtrain translate`, `eval`, `score`, `plot`,
+`export`, `serve` (and each checkpoint it reloads, through `wrap`) and `mtrain.load` all come
+through here. `run.directory` owns the files it reads; a CTranslate2 export is opened by
+`export.engine`, which chooses between the two.
 """
 
 from __future__ import annotations
@@ -21,13 +23,32 @@ from mtrain.run.directory import BEST, load_model, resolve, run_config
 
 
 @dataclass
+class LoadedRun:
+    """A run's config, tokenizer and the model of one of its checkpoints (in eval mode)."""
+
+    run_dir: Path
+    cfg: Config
+    tokenizer: Tokenizer
+    model: Transformer
+    checkpoint: Path
+    step: int  # the training step the checkpoint was saved at
+
+
+@dataclass
 class OpenedRun:
     """A run's checkpoint, ready to translate with."""
 
-    run_dir: Path
-    checkpoint: Path
-    step: int  # the training step the checkpoint was saved at
+    run: LoadedRun
     translator: Translator
+
+
+def load_run(run_dir: Path, device: torch.device, checkpoint: str = BEST) -> LoadedRun:
+    """A run directory's config, tokenizer and checkpoint `checkpoint`'s model on `device`."""
+    cfg = run_config(run_dir)
+    tokenizer = Tokenizer.load(run_dir)
+    path = resolve(run_dir, checkpoint)
+    model, step = load_model(path, cfg, tokenizer, device)
+    return LoadedRun(run_dir, cfg, tokenizer, model, path, step)
 
 
 def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: int) -> DecodeConfig:
@@ -35,7 +56,7 @@ def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: in
     asked = {"beam_size": beam, "alpha": alpha}
     raw = cfg.to_dict()
     raw["decode"].update({k: v for k, v in asked.items() if v is not None})
-    decode = config.from_dict(raw, "options").decode  # the run's own checks, e.g. a finite alpha
+    decode = config.from_dict(raw, "options").decode  # the run's own checks: beam, alpha bounds
     if nbest > decode.beam_size:
         raise OptionError(f"--nbest {nbest} needs --beam {nbest} or more")
     return decode
@@ -70,10 +91,7 @@ def open_run(
     """A run directory's checkpoint `checkpoint` on `device` ("auto": CUDA when present)."""
     torch_device = runtime.pick_device(device)
     runtime.configure(torch_device)
-    cfg = run_config(run_dir)
-    decode = decode_options(cfg, beam, alpha, nbest)
-    tokenizer = Tokenizer.load(run_dir)
-    path = resolve(run_dir, checkpoint)
-    model, step = load_model(path, cfg, tokenizer, torch_device)
-    translator = wrap(model, tokenizer, cfg, torch_device, decode, nbest, quantize)
-    return OpenedRun(run_dir, path, step, translator)
+    decode = decode_options(run_config(run_dir), beam, alpha, nbest)  # before the weights load
+    run = load_run(run_dir, torch_device, checkpoint)
+    translator = wrap(run.model, run.tokenizer, run.cfg, torch_device, decode, nbest, quantize)
+    return OpenedRun(run, translator)

@@ -32,13 +32,14 @@ from mtrain.core.files import (
     tmp_path,
 )
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
+from mtrain.decoding.loaded import load_run
 from mtrain.model.transformer import PositionalEncoding, Transformer
-from mtrain.run.directory import BEST, config_record, load_run
+from mtrain.run.directory import BEST, EXPORT_MODEL, config_record
 
 log = logging.getLogger(__name__)
 
 MTRAIN_CONFIG = "mtrain.yaml"  # the run's config, beside CTranslate2's own config.json
-MODEL_FILE = "model.bin"
+MODEL_FILE = EXPORT_MODEL
 README = "README.md"
 # What this export wrote: its files, and the weights' type (read back to warn on a CPU).
 MANIFEST = "export.json"
@@ -417,8 +418,8 @@ def export_run(
     with lock_beside(target):  # two exports to one directory: the second is refused
         recover_directory(target, is_export, "export")
         check_destination(out, target, run_dir, force)
-        cfg, tokenizer, model = load_run(run_dir, torch.device("cpu"), which)
-        spec = build_spec(cfg, tokenizer, model)
+        run = load_run(run_dir, torch.device("cpu"), which)
+        spec = build_spec(run.cfg, run.tokenizer, run.model)
         spec.validate()
         spec.optimize(quantization=level)
         if quantize is Quantization.float16 and not ct2.get_cuda_device_count():
@@ -426,8 +427,8 @@ def export_run(
         tmp = tmp_path(target)
         try:
             tmp.mkdir()
-            text = readme(run_dir, out, which, level, cfg)
-            write_directory(spec, tmp, tokenizer, cfg, text, level)
+            text = readme(run_dir, out, which, level, run.cfg)
+            write_directory(spec, tmp, run.tokenizer, run.cfg, text, level)
             replace_directory(tmp, target)
         except OSError as e:
             raise _named(e, tmp, target) from None

@@ -1,5 +1,7 @@
 """Translate with a directory `mtrain export` wrote: the text side `Translator` uses
-(`translator.Sentences`), with CTranslate2 doing the search.
+(`translator.Sentences`), with CTranslate2 doing the search; and `open_engine`, which chooses
+between the two engines (a run, opened by `decoding.loaded`, or an export) for every command,
+serve and `mtrain.load`.
 
 CTranslate2's searches are ours (greedy; beam search that ranks 2 × beam candidates and ends
 a sentence at `beam` finished hypotheses), but for two things, which this module bridges:
@@ -18,15 +20,18 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from mtrain.core import config, runtime
 from mtrain.core.config import Config, DecodeConfig
+from mtrain.core.errors import OptionError
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from mtrain.decoding.loaded import decode_options, open_run
 from mtrain.decoding.search import Hypothesis, Observer, log_length_penalty, normalized
-from mtrain.decoding.translator import SearchedText, Sentences
+from mtrain.decoding.translator import SearchedText, Sentences, TextTranslator
 from mtrain.export.converter import (
     FLOAT16_ON_CPU,
     MTRAIN_CONFIG,
@@ -35,7 +40,7 @@ from mtrain.export.converter import (
     read_manifest,
     require_ctranslate2,
 )
-from mtrain.run.directory import CONFIG_FILE, CheckpointError
+from mtrain.run.directory import BEST, CONFIG_FILE, CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -170,3 +175,40 @@ def load(
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"{directory}: CTranslate2 cannot load it ({e})") from None
     return cfg, tokenizer, engine
+
+
+ENGINES = ("mtrain", "ctranslate2")
+
+
+@dataclass
+class Opened:
+    """A model opened on one engine, ready to translate."""
+
+    path: Path  # the run directory, or the export
+    engine: str  # "mtrain" or "ctranslate2"
+    translator: TextTranslator
+    checkpoint: Path | None = None  # the checkpoint file (engine mtrain)
+    step: int | None = None  # the training step it was saved at (engine mtrain)
+
+
+def open_engine(
+    path: Path,
+    engine: str = "mtrain",
+    device: str = "auto",
+    checkpoint: str = BEST,
+    quantize: bool = False,
+    beam: int | None = None,
+    alpha: float | None = None,
+    nbest: int = 1,
+) -> Opened:
+    """A run directory (engine "mtrain") or an export (engine "ctranslate2") to translate with."""
+    if engine not in ENGINES:
+        raise OptionError(f"engine {engine!r}: expected mtrain or ctranslate2")
+    if engine == "ctranslate2":
+        if checkpoint != BEST:
+            raise OptionError("--checkpoint needs --engine mtrain")
+        cfg, tokenizer, ct2 = load(path, device, quantize)
+        decode = decode_options(cfg, beam, alpha, nbest)
+        return Opened(path, engine, CT2Translator(ct2, tokenizer, cfg, decode, nbest))
+    opened = open_run(path, device, checkpoint, quantize, beam, alpha, nbest)
+    return Opened(path, engine, opened.translator, opened.run.checkpoint, opened.run.step)

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtrain.decoding.attention import AttentionMaps, AxisLabels
+from mtrain.core.errors import OptionError
+from mtrain.decoding.attention import AttentionMaps, AttentionRecorder, AxisLabels
+from mtrain.decoding.translator import Translator
 from mtrain.figures.common import png, use_cjk_font
 
 CELL = 0.32  # inches per heatmap cell
@@ -99,6 +101,18 @@ class Attention:
     def of(cls, maps: AttentionMaps, labels: AxisLabels, title: str) -> Attention:
         arrays = {k: [w.cpu().numpy() for w in getattr(maps, k)] for k in KINDS}
         return cls(labels.source, labels.decoder_input, labels.output, **arrays, title=title)
+
+    @classmethod
+    def of_translation(cls, translator: Translator, text: str) -> Attention:
+        """The attention weights of `translator`'s translation of `text`."""
+        with AttentionRecorder(translator.model) as recorder:
+            result = translator.inspect(text, recorder)
+        if not result.src:
+            raise OptionError("an empty sentence has no attention to show")
+        tokens = result.hypotheses[0].tokens
+        maps = recorder.maps(tokens)
+        labels = maps.axis_labels(result.src, tokens, translator.tokenizer)
+        return cls.of(maps, labels, f"{text} → {result.translations[0].text}")
 
     def figure(self, kind: str = "cross"):
         """A matplotlib Figure of one kind of attention: "cross", "encoder" or "decoder"."""

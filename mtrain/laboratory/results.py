@@ -12,7 +12,7 @@ from mtrain.core.files import write_atomic
 from mtrain.core.metrics import paired_bootstrap, score
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
-from mtrain.export.models import open_model
+from mtrain.decoding.loaded import open_run
 from mtrain.laboratory.plan import BASELINE, LabRun
 from mtrain.run.directory import BEST, METRICS, TRAIN_LOG, run_config, training_summary
 
@@ -60,9 +60,10 @@ def translations(
     ):
         return Translations(kept["step"], kept["dev"], kept["probes"])
     log.info("%s: translating the dev set and the probes", run_dir.name)
-    model = open_model(run_dir, "mtrain", device, BEST, beam=1)
+    opened = open_run(run_dir, device, BEST, beam=1)
+    translate = opened.translator.translate
     found = Translations(
-        model.step or 0, model.translate(sources), dict(zip(probes, model.translate(list(probes))))
+        opened.run.step or 0, translate(sources), dict(zip(probes, translate(list(probes))))
     )
     kept_file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(kept_file, json.dumps({"key": key, **asdict(found)}, ensure_ascii=False))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from mtrain.core import config
 from mtrain.core.config import ConfigError
-from mtrain.export.models import open_model
+from mtrain.decoding.loaded import open_run
+from mtrain.figures.attention import Attention
 from mtrain.laboratory.plan import Lab, LabRun
 from mtrain.laboratory.report import Report, draw_figures, write_html, write_markdown
 from mtrain.laboratory.results import LabRow, measure
@@ -78,6 +79,7 @@ def report(lab: Lab, lab_dir: Path, device: str = "auto") -> list[LabRow]:
 
 def cross_attention(row: LabRow, probe: str, device: str):
     """The figure of a run's cross-attention for `probe`, titled with its variant."""
-    attention = open_model(row.run_dir, "mtrain", device, BEST, beam=1).attention(probe)
+    translator = open_run(row.run_dir, device, BEST, beam=1).translator
+    attention = Attention.of_translation(translator, probe)
     attention.title = f"{row.variant}: {attention.title}"
     return attention.figure("cross")

@@ -25,6 +25,7 @@ AVERAGED = "averaged.pt"
 TRAIN_LOG = "train.jsonl"  # training loss and learning rate every LOG_EVERY steps
 EXAMPLES = "examples.jsonl"  # each validation's example translations, with their attention
 TENSORBOARD = "tensorboard"  # the directory of TensorBoard's event files (train.tensorboard)
+EXPORT_MODEL = "model.bin"  # CTranslate2's weights: what a directory `mtrain export` wrote holds
 
 
 class CheckpointError(MtrainError, ValueError):
@@ -302,21 +303,17 @@ def run_config(run_dir: Path) -> Config:
     checkpoints say its schema where its config.yaml lost the line, and the device it trained
     on where a key's older value depends on it); refused where there is none."""
     path = run_dir / CONFIG_FILE
+    if not path.is_file() and (run_dir / EXPORT_MODEL).is_file():
+        raise CheckpointError(
+            f"{run_dir}: a CTranslate2 export (written by mtrain export), not a run directory: "
+            "translate it with --engine ctranslate2 (in Python: "
+            'mtrain.load(path, engine="ctranslate2"))'
+        )
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
     return config_mod.load_recorded(
         path, lambda: checkpoint_version(run_dir), lambda: trained_on(run_dir)
     )
-
-
-def load_run(
-    run_dir: Path, device: torch.device, which: str = BEST
-) -> tuple[Config, Tokenizer, Transformer]:
-    """Load a trained run's config, tokenizer and model (in eval mode) from its directory."""
-    cfg = run_config(run_dir)
-    tokenizer = Tokenizer.load(run_dir)
-    model, _ = load_model(resolve(run_dir, which), cfg, tokenizer, device)
-    return cfg, tokenizer, model
 
 
 def load_model(

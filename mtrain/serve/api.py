@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mtrain.core.config import MAX_ALPHA, DecodeConfig
+from mtrain.core.config import MAX_ALPHA, MAX_BEAM, DecodeConfig
 
 
 class ApiError(Exception):
@@ -24,7 +24,7 @@ class Limits:
 
     max_body: int = 1 << 20  # bytes
     max_sentences: int = 256
-    max_beam: int = 16
+    max_beam: int = MAX_BEAM  # the bound of every command, the API and the config
     max_top_k: int = 20
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,7 +94,7 @@ def run_log(
     coordinator says it is headed, reading its losses back with `read`; on a rank other than
     0, a log that shows and writes nothing. The bar is drawn on a terminal only: elsewhere its
     fields come as plain lines."""
-    plain = main and not sys.stderr.isatty() and not progress.is_widget()
+    plain = main and not progress.draws_bars()
     with contextlib.ExitStack() as files:
         bar = tqdm(
             total=coordinator.end_step(step, minutes),

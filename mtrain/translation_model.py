@@ -1,30 +1,53 @@
-"""A trained model to translate with, on either engine: what `mtrain.load` returns, and the one
-place the commands and the server open a run directory or an export.
+"""`TranslationModel`, what `mtrain.load` returns: a trained model to translate with, on either
+engine, and to score, trace and show the attention of (which need mtrain's own engine).
 
-`open_model` reads a run directory (engine "mtrain": its checkpoint on PyTorch, through
-`decoding.loaded`) or a directory `mtrain export` wrote (engine "ctranslate2"), and returns a
-`TranslationModel`: translation on both engines; scores, traces and attention maps, which need
-the model's own forward pass, on mtrain's.
+A face of the package, beside `mtrain/__init__.py`: it opens the model through
+`export.engine.open_engine`, as the commands and the server do, and checks each argument a
+caller passes, so that a wrong one ends in one `MtrainError` line.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from mtrain.core.config import Config
+from mtrain.core.config import MAX_BEAM, Config
 from mtrain.core.errors import OptionError
-from mtrain.decoding.attention import AttentionRecorder
-from mtrain.decoding.loaded import decode_options, open_run
+from mtrain.decoding.loaded import decode_options
 from mtrain.decoding.score import TOP_K, Score, score_pairs
 from mtrain.decoding.trace import Tracer
 from mtrain.decoding.translator import TextTranslator, Translation, Translator
-from mtrain.export import engine as ct2_engine
+from mtrain.export.engine import open_engine
 from mtrain.figures.attention import Attention
 from mtrain.figures.trace import Trace
 from mtrain.run.directory import BEST
 
-ENGINES = ("mtrain", "ctranslate2")
+
+def whole(value: Any, name: str, low: int = 1, high: int | None = None) -> int:
+    """`value` as a whole number in [low, high], or one line naming the argument."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise OptionError(f"{name}: expected a whole number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise OptionError(f"{name} {value}: expected {bound}")
+    return value
+
+
+def texts_of(text: Any, name: str) -> list[str]:
+    """A sentence or a list of them, as a list; anything else refused in one line."""
+    texts = [text] if isinstance(text, str) else text
+    if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+        raise OptionError(f"{name}: expected a string or a list of strings, got {text!r:.80}")
+    return list(texts)
+
+
+def search(beam: Any, alpha: Any) -> None:
+    """Refuse search options of the wrong type (their ranges are the config's to check)."""
+    if beam is not None:
+        whole(beam, "beam", 1, MAX_BEAM)
+    if alpha is not None and (not isinstance(alpha, (int, float)) or isinstance(alpha, bool)):
+        raise OptionError(f"alpha: expected a number, got {alpha!r}")
 
 
 @dataclass
@@ -60,6 +83,8 @@ class TranslationModel:
 
     def _with(self, beam: int | None, alpha: float | None, nbest: int) -> TextTranslator:
         """The translator with these search options (None: the model's own)."""
+        search(beam, alpha)
+        whole(nbest, "nbest", 1, MAX_BEAM)
         t = self.translator
         if beam is None and alpha is None and nbest == t.nbest:
             return t
@@ -79,7 +104,7 @@ class TranslationModel:
         `beam` 1 is greedy; None: the run's. With `nbest` > 1 each sentence gives a list of
         (translation, score) pairs, best first.
         """
-        texts = [text] if isinstance(text, str) else list(text)
+        texts = texts_of(text, "text")
         found = self._with(beam, alpha, nbest).translate_nbest(texts)
         if nbest == 1:
             out: list = [t[0].text for t in found]
@@ -89,7 +114,7 @@ class TranslationModel:
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         """Each sentence's translations with the model's own options, as the commands use."""
-        return self.translator.translate_nbest(texts)
+        return self.translator.translate_nbest(texts_of(texts, "texts"))
 
     def _torch(self, what: str) -> Translator:
         if not isinstance(self.translator, Translator):
@@ -100,22 +125,26 @@ class TranslationModel:
         self, source: str | list[str], target: str | list[str], k: int = TOP_K
     ) -> Score | list[Score]:
         """How likely the model finds `target` as the translation of `source`, piece by piece
-        (teacher forcing); lists of sources and targets give a list of scores."""
+        (teacher forcing); lists of sources and targets give a list of scores. `k`: how many of
+        the model's likeliest pieces each piece shows."""
         if isinstance(source, str) != isinstance(target, str):
             raise OptionError("score a source with a target, or a list of each")
-        sources = [source] if isinstance(source, str) else list(source)
-        targets = [target] if isinstance(target, str) else list(target)
+        sources, targets = texts_of(source, "source"), texts_of(target, "target")
         if len(sources) != len(targets):
             raise OptionError(f"{len(sources)} sources but {len(targets)} targets")
-        scores = score_pairs(self._torch("scoring"), sources, targets, k)
+        translator = self._torch("scoring")
+        whole(k, "k", 1, translator.tokenizer.tgt_vocab_size)
+        scores = score_pairs(translator, sources, targets, k)
         return scores[0] if isinstance(source, str) else scores
 
     def trace(
         self, text: str, k: int = 5, beam: int | None = None, alpha: float | None = None
     ) -> Trace:
         """How `text` is decoded, step by step: what `mtrain translate --trace` prints."""
+        if not isinstance(text, str):
+            raise OptionError(f"text: expected a string, got {text!r:.80}")
         translator = self._with(beam, alpha, 1)
-        self._torch("--trace")
+        whole(k, "k", 1, self._torch("--trace").tokenizer.tgt_vocab_size)
         tracer = Tracer(k)
         result = translator.inspect(text, tracer)
         best = result.translations[0]
@@ -132,16 +161,10 @@ class TranslationModel:
         self, text: str, beam: int | None = None, alpha: float | None = None
     ) -> Attention:
         """The attention weights of `text`'s translation: what `--attention` draws."""
-        translator = self._with(beam, alpha, 1)
-        model = self._torch("--attention").model
-        with AttentionRecorder(model) as recorder:
-            result = translator.inspect(text, recorder)
-        if not result.src:
-            raise OptionError("an empty sentence has no attention to show")
-        tokens = result.hypotheses[0].tokens
-        maps = recorder.maps(tokens)
-        labels = maps.axis_labels(result.src, tokens, translator.tokenizer)
-        return Attention.of(maps, labels, f"{text} → {result.translations[0].text}")
+        if not isinstance(text, str):
+            raise OptionError(f"text: expected a string, got {text!r:.80}")
+        self._torch("--attention")
+        return Attention.of_translation(self._with(beam, alpha, 1), text)
 
     def curves(self):
         """The run's training curves (loss, learning rate, dev BLEU) as a matplotlib Figure."""
@@ -159,17 +182,15 @@ def open_model(
     quantize: bool = False,
     beam: int | None = None,
     alpha: float | None = None,
-    nbest: int = 1,
 ) -> TranslationModel:
     """A run directory (engine "mtrain") or an export (engine "ctranslate2") to translate with."""
-    if engine not in ENGINES:
-        raise OptionError(f"engine {engine!r}: expected mtrain or ctranslate2")
-    if engine == "ctranslate2":
-        if checkpoint != BEST:
-            raise OptionError("--checkpoint needs --engine mtrain")
-        cfg, tokenizer, ct2 = ct2_engine.load(path, device, quantize)
-        decode = decode_options(cfg, beam, alpha, nbest)
-        translator = ct2_engine.CT2Translator(ct2, tokenizer, cfg, decode, nbest)
-        return TranslationModel(path, engine, translator)
-    opened = open_run(path, device, checkpoint, quantize, beam, alpha, nbest)
-    return TranslationModel(path, engine, opened.translator, opened.checkpoint, opened.step)
+    for name, value in (("engine", engine), ("device", device), ("checkpoint", checkpoint)):
+        if not isinstance(value, str):
+            raise OptionError(f"{name}: expected a string, got {value!r}")
+    if not isinstance(quantize, bool):
+        raise OptionError(f"quantize: expected True or False, got {quantize!r}")
+    search(beam, alpha)
+    opened = open_engine(path, engine, device, checkpoint, quantize, beam, alpha)
+    return TranslationModel(
+        opened.path, opened.engine, opened.translator, opened.checkpoint, opened.step
+    )
