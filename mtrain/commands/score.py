@@ -111,7 +111,7 @@ def score(
     check_arguments(texts or [])
     if input_path:
         check_input_encoding(input_path)
-    model = load_model(Engine.mtrain, Decoding(run, device, quantize, which))
+    translator = load_model(Engine.mtrain, Decoding(run, device, quantize, which)).translator
     with contextlib.ExitStack() as stack:
         if texts:
             pairs: Iterable[tuple[str, str, str]] = given_pairs(texts)
@@ -123,8 +123,7 @@ def score(
         it = iter(pairs)
         while chunk := list(itertools.islice(it, CHUNK)):
             wheres, sources, targets = (list(column) for column in zip(*chunk))
-            scored = score_pairs(model.translator, sources, targets, top_k)
-            for where, result in zip(wheres, scored):
-                warn_truncated(where, result, model.translator.cfg.data)
+            for where, result in zip(wheres, score_pairs(translator, sources, targets, top_k)):
+                warn_truncated(where, result, translator.cfg.data)
                 line = json.dumps(result.to_dict(), ensure_ascii=False) if as_json else None
                 typer.echo(line or format_tsv(result))
