@@ -28,6 +28,7 @@ from mtrain.data.tokenizer import Tokenizer, TokenizerError
 from mtrain.run.directory import (
     BEST,
     CONFIG_FILE,
+    EXPORT_MODEL,
     LAST,
     CheckpointError,
     load_model,
@@ -39,7 +40,6 @@ from mtrain.run.directory import (
 log = logging.getLogger(__name__)
 
 PARENT = config_mod.PARENT  # config.yaml's section, and the checkpoints' entry
-EXPORT_MODEL = "model.bin"  # export/converter.py's MODEL_FILE: a CTranslate2 export holds it
 
 
 @dataclass
