@@ -139,7 +139,7 @@ def is_main_process() -> bool:
 
 def train_run(
     config_path: Path,
-    overrides: list[str],
+    overrides: list[config.Override],
     out: Path | None,
     device: str = "auto",
     peer_timeout: float = 5.0,

@@ -117,7 +117,7 @@ def _read(path: Path) -> Parent:
     return Parent(record, weights, tokenizer.protos(), cfg)
 
 
-def given_keys(config_path: Path, overrides: list[str]) -> set[tuple[str, str]]:
+def given_keys(config_path: Path, overrides: list[config_mod.Override]) -> set[tuple[str, str]]:
     """The keys a run takes from its parent that a config file and its `--set`s name."""
     raw = config_mod.read_config(config_path) or {}
     for assignment in overrides:
@@ -156,14 +156,16 @@ def refuse(key: tuple[str, str], new: Any, old: Any, where: str) -> None:
     )
 
 
-def parent_of(cfg: Config, config_path: Path, overrides: list[str]) -> Parent:
+def parent_of(cfg: Config, config_path: Path, overrides: list[config_mod.Override]) -> Parent:
     """Read the parent of `cfg` and give `cfg` its sections (those the config leaves out)."""
     parent = read_parent(cfg.train.init_from)
     inherit(cfg, parent.config, parent.record["run"], given_keys(config_path, overrides))
     return parent
 
 
-def start(cfg: Config, run_dir: Path, config_path: Path, overrides: list[str]) -> Parent | None:
+def start(
+    cfg: Config, run_dir: Path, config_path: Path, overrides: list[config_mod.Override]
+) -> Parent | None:
     """Before anything is written: the parent a new run starts from, its sections given to
     `cfg`; on a resume (run_dir holds last.pt), the run's own sections, and no parent read:
     the parent may have moved or gone since."""
