@@ -18,7 +18,7 @@ from mtrain.decoding.loaded import decode_options
 from mtrain.decoding.score import TOP_K, Score, score_pairs
 from mtrain.decoding.trace import Tracer
 from mtrain.decoding.translator import TextTranslator, Translation, Translator
-from mtrain.export.engine import open_engine
+from mtrain.export.engine import Opened, open_engine
 from mtrain.figures.attention import Attention
 from mtrain.figures.trace import Trace
 from mtrain.run.directory import BEST
@@ -51,14 +51,9 @@ def search(beam: Any, alpha: Any) -> None:
 
 
 @dataclass
-class TranslationModel:
-    """A trained model, ready to translate, score, trace and show its attention."""
-
-    path: Path  # the run directory, or the export
-    engine: str  # "mtrain" or "ctranslate2"
-    translator: TextTranslator
-    checkpoint: Path | None = None  # the checkpoint file (engine mtrain)
-    step: int | None = None  # the training step it was saved at (engine mtrain)
+class TranslationModel(Opened):
+    """A trained model, ready to translate, score, trace and show its attention: an opened
+    engine (its path, engine, translator, checkpoint and step) with the API's methods."""
 
     @property
     def cfg(self) -> Config:
@@ -191,6 +186,4 @@ def open_model(
         raise OptionError(f"quantize: expected True or False, got {quantize!r}")
     search(beam, alpha)
     opened = open_engine(path, engine, device, checkpoint, quantize, beam, alpha)
-    return TranslationModel(
-        opened.path, opened.engine, opened.translator, opened.checkpoint, opened.step
-    )
+    return TranslationModel(**vars(opened))
