@@ -45,9 +45,10 @@ def execute(nb, root: Path, timeout: int = 600, cached: bool = True) -> None:
 
 
 # What depends on the machine: clock times and durations, speeds, minutes into the run, and
-# the directory the notebook ran from.
+# the directory the notebook ran from (which the prepared corpus's key hashes too).
 MACHINE = [
     (re.compile(r"(?:/[^\s/'\"]+)+/(?=(?:prepared|data|runs|configs)/)"), ""),
+    (re.compile(r"\b(prepared/\S+-)[0-9a-f]{12}\b"), r"\1KEY"),
     (re.compile(r"\[[\d:]+(?:<[\d:?]+)?, [^\]]*\]"), "[TIME]"),  # a bar's [elapsed<left, rate]
     (re.compile(r"\b\d+(?:\.\d+)? ?min\b"), "M min"),
     (re.compile(r"\btok_s \d+"), "tok_s N"),

@@ -49,7 +49,8 @@ def test_an_unknown_variant_is_refused_naming_the_key_and_the_values():
 
 
 def test_an_older_run_is_the_textbook():
-    assert config.upgraded({"model": {}}, "old", 1)["model"]["variant"] == "textbook"
+    assert config.upgraded({"model": {}}, "old", lambda: 1)["model"]["variant"] == "textbook"
+    assert config.upgraded({"model": {}, "version": 2}, "old")["model"]["variant"] == "textbook"
     assert Config().model.variant == "textbook"
 
 
