@@ -153,17 +153,22 @@ def test_info_translate_eval_and_serve_on_the_upgraded_run(resumed):
     scored = run_mtrain("eval", "--run", str(run))
     assert scored.returncode == 0, scored.stderr
     assert "BLEU" in scored.stdout and "chrF" in scored.stdout
-    served = Served(run)
+    # the server translates as the command
+    assert served_translations(run) == translated.stdout.split("\n")[:-1]
+
+
+def served_translations(run: Path, *options: str) -> list[str]:
+    """SENTENCES translated by `mtrain serve` on `run`, healthy and stopped cleanly."""
+    served = Served(run, *options)
     try:
         status, health = served.request("GET", "/health")
         assert status == 200 and health["status"] == "ok", health
         status, answer = served.post("/translate", {"text": SENTENCES})
         assert status == 200, answer
-        texts = [t["text"] for t in answer["translations"]]
-        assert texts == translated.stdout.split("\n")[:-1]  # the server translates as the command
     finally:
         status, stderr = served.stop()
     assert status == 0 and "Traceback" not in stderr, stderr
+    return [t["text"] for t in answer["translations"]]
 
 
 def old_code(commit: str, place: Path) -> Path | None:
@@ -333,14 +338,4 @@ def test_the_child_exported_serves_and_loads_as_it_translates(child, tmp_path):
     assert exported.stdout.strip() == str(out)
     expected = mtrain.load(run).translate(SENTENCES)
     assert mtrain.load(out, engine="ctranslate2").translate(SENTENCES) == expected
-    served = Served(out, "--engine", "ctranslate2")
-    try:
-        status, health = served.request("GET", "/health")
-        assert status == 200 and health["status"] == "ok", health
-        status, answer = served.post("/translate", {"text": SENTENCES})
-        assert status == 200, answer
-        texts = [t["text"] for t in answer["translations"]]
-        assert texts == expected
-    finally:
-        status, stderr = served.stop()
-    assert status == 0 and "Traceback" not in stderr, stderr
+    assert served_translations(out, "--engine", "ctranslate2") == expected
