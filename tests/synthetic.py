@@ -10,6 +10,7 @@ import torch
 from mtrain.core import config
 from mtrain.core.config import ModelConfig
 from mtrain.data.tokenizer import EOS_ID, PAD_ID
+from mtrain.decoding.translator import Translator
 from mtrain.model.transformer import Transformer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,6 +44,20 @@ def small_model(
         norm=norm,
     )
     return Transformer(cfg, src_vocab, tgt_vocab, max_len=40, pad_id=PAD_ID).eval()
+
+
+def small_translator(tokenizer, decode: config.DecodeConfig) -> Translator:
+    """A random one-layer model with short limits (12 source, 16 target tokens), on the CPU."""
+    torch.manual_seed(0)
+    cfg = config.Config(
+        data=config.DataConfig(max_src_len=12, max_tgt_len=16),
+        model=ModelConfig(
+            d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0
+        ),
+        decode=decode,
+    )
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, 16, PAD_ID)
+    return Translator(model, tokenizer, cfg, torch.device("cpu"))
 
 
 def overrides(corpus, **train_keys) -> list[str]:

@@ -9,31 +9,21 @@ import json
 import pytest
 import torch
 
-from mtrain.core.config import Config, DataConfig, DecodeConfig, ModelConfig
-from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.core.config import DecodeConfig
+from mtrain.data.tokenizer import BOS_ID, EOS_ID
 from mtrain.decoding import score
 from mtrain.decoding.search import allowed
 from mtrain.decoding.translator import Translator
-from mtrain.model.transformer import Transformer
 
 from .console import mtrain
 from .host_reads import HostReads, count_copies
-from .synthetic import number_pairs
+from .synthetic import number_pairs, small_translator
 
 
 @pytest.fixture(scope="module")
 def translator(tokenizer) -> Translator:
     """A random model with short limits, scoring in batches of at most 60 tokens."""
-    torch.manual_seed(0)
-    cfg = Config(
-        data=DataConfig(max_src_len=12, max_tgt_len=16),
-        model=ModelConfig(
-            d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0
-        ),
-        decode=DecodeConfig(batch_tokens=60),
-    )
-    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, 16, PAD_ID)
-    return Translator(model, tokenizer, cfg, torch.device("cpu"))
+    return small_translator(tokenizer, DecodeConfig(batch_tokens=60))
 
 
 def test_scoring_reads_the_device_once_per_batch(translator, monkeypatch):

@@ -1,28 +1,18 @@
 import dataclasses
 
 import pytest
-import torch
 
-from mtrain.core.config import Config, DataConfig, DecodeConfig, ModelConfig
-from mtrain.data.tokenizer import PAD_ID
+from mtrain.core.config import DecodeConfig
 from mtrain.decoding.translator import Translator
-from mtrain.model.transformer import Transformer
 
-from .synthetic import number_pairs
+from .synthetic import number_pairs, small_translator
 
 
 @pytest.fixture(scope="module")
 def translator(tokenizer) -> Translator:
-    torch.manual_seed(0)
-    cfg = Config(
-        data=DataConfig(max_src_len=12, max_tgt_len=16),
-        model=ModelConfig(
-            d_model=32, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0
-        ),
-        decode=DecodeConfig(batch_tokens=40, beam_size=1, alpha=0.6, max_len_offset=4),
+    return small_translator(
+        tokenizer, DecodeConfig(batch_tokens=40, beam_size=1, alpha=0.6, max_len_offset=4)
     )
-    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, 16, PAD_ID)
-    return Translator(model, tokenizer, cfg, torch.device("cpu"))
 
 
 def test_output_does_not_depend_on_batching(translator):
