@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,6 +19,26 @@ from mtrain.core.files import write_atomic
 log = logging.getLogger(__name__)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
+# What would break one output line per input line (or a SOURCE<TAB>TARGET file): the control
+# characters (Unicode category Cc, U+0000-U+001F and U+007F-U+009F: \n, \r, \t, U+0085 ..)
+# and the line and paragraph separators str.splitlines() also splits on. Byte fallback lets a
+# model write any of them.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_control_warned = False
+
+
+def printable(texts: list[str]) -> list[str]:
+    """`texts` with each control character or line separator replaced by a space, so that a
+    translation is one line of text; the first time one is replaced, a warning says so."""
+    global _control_warned
+    out = [_CONTROL.sub(" ", text) for text in texts]
+    if not _control_warned and out != texts:
+        _control_warned = True
+        log.warning(
+            "the model wrote control characters (newline, tab, ..: byte-fallback pieces); "
+            "each is replaced by a space, so that each input line gets one output line"
+        )
+    return out
 
 
 def too_long(pieces: Sequence[int], max_len: int) -> bool:
@@ -192,7 +213,8 @@ class Tokenizer:
         return self.tgt.encode(texts, out_type=int)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self.tgt.decode(ids)
+        """Target ids as text, one line each: control characters replaced (`printable`)."""
+        return printable(self.tgt.decode(ids))
 
     def src_punctuation_ids(self) -> list[int]:
         """Source pieces made of punctuation marks only (。 ? ! , . and the like, no quotes)."""
