@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from mtrain.cli import app
+from mtrain.cli import app, main
 from mtrain.commands.train import check_resumable, resumed, run_training
 from mtrain.core import config, runtime
 from mtrain.core.config import POLICIES
@@ -325,3 +326,49 @@ def test_a_start_that_does_nothing_rewrites_no_file_and_an_upgrade_is_said(
     assert "training: 6 steps" in shown.output  # last.pt's step, not the logs'
     info = json.loads(CliRunner().invoke(app, ["info", str(run), "--json"]).output)
     assert info["schema"]["upgraded_from"] == 1 and info["training"]["steps"] == 6
+
+
+RELEASES = REPO / "tests" / "fixtures" / "old_releases"
+
+
+@pytest.mark.parametrize("variant", ["no-positions", "peek"])
+def test_a_record_holding_a_key_its_version_lacks_is_refused(
+    variant, tmp_path, capsys, monkeypatch
+):
+    """A version-2 config.yaml naming model.variant (version 3) is not read at face value: the
+    run the old release trained with positions resumes neither as another variant nor with a
+    false refusal ("trained with peek"), and its record is not rewritten as version 3."""
+    made = json.loads((RELEASES / "0770be8" / "made.json").read_text("utf-8"))
+    place = tmp_path / "0770be8"
+    shutil.copytree(RELEASES / "0770be8", place, ignore=shutil.ignore_patterns("finished"))
+    path = place / "run" / "config.yaml"
+    text = path.read_text("utf-8").replace(made["root"], str(place))
+    text = text.replace("model:\n", f"model:\n  variant: {variant}\n")
+    path.write_text("version: 2\n" + text, "utf-8")
+    with pytest.raises(SystemExit) as exit_:
+        monkeypatch.chdir(place)  # the command that began the run, typed again
+        main(["train", "--config", str(REPO / "configs/tiny.yaml"), *made["command"][4:]])
+    err = capsys.readouterr().err
+    assert exit_.value.code != 0 and err.count("\n") == 1, err
+    assert "run/config.yaml: model.variant came in config version 3" in err, err
+    assert "record is of version 2" in err, err
+    assert path.read_text("utf-8") == "version: 2\n" + text  # not rewritten
+
+
+def test_a_config_file_naming_an_older_version_holds_only_its_keys(tmp_path):
+    """A config file that names version 2 is a record of version 2: model.variant (3) refused."""
+    cfg = config.load(REPO / "configs" / "tiny.yaml")
+    record = {**cfg.to_dict(), "version": 2}
+    del record["model"]["variant"]
+    (tmp_path / "v2.yaml").write_text(yaml.safe_dump(record), "utf-8")
+    assert config.load(tmp_path / "v2.yaml") == cfg  # without it, read and upgraded
+    record["model"]["variant"] = "no-positions"
+    (tmp_path / "v2.yaml").write_text(yaml.safe_dump(record), "utf-8")
+    with pytest.raises(config.ConfigError, match=r"v2\.yaml: model\.variant came in config "):
+        config.load(tmp_path / "v2.yaml")
+    record["version"] = 1  # and a key of version 2 in a record of version 1
+    record["model"].pop("variant")
+    record["train"]["init_from"] = "runs/parent"
+    (tmp_path / "v2.yaml").write_text(yaml.safe_dump(record), "utf-8")
+    with pytest.raises(config.ConfigError, match=r"train\.init_from came in config version 2"):
+        config.load(tmp_path / "v2.yaml")

@@ -636,16 +636,12 @@ def upgraded(
 
 def recorded_version(raw: dict[str, Any], where: str, version: Unknown = lambda: None) -> int:
     """The schema version of a run's record: its own, else `version()`, else 1; one it cannot
-    be (named wrongly, newer than this mtrain, or its line lost) is refused in one line."""
+    be (named wrongly, newer than this mtrain, its line lost, or older than a key it holds) is
+    refused in one line."""
     if VERSION_KEY in raw:
         version = raw[VERSION_KEY]
     elif (version := version()) is None:
-        later = sorted(
-            f"{section}.{name}"
-            for (section, name), policy in POLICIES.items()
-            if policy.added and policy.added.version > 1 and policy.redefined is None
-            if isinstance(raw.get(section), dict) and name in raw[section]
-        )
+        later = [key for key, _ in keys_after(raw, 1)]
         if later:
             raise ConfigError(
                 f"{where}: names no {VERSION_KEY} but holds {', '.join(later)}, which no record "
@@ -660,7 +656,23 @@ def recorded_version(raw: dict[str, Any], where: str, version: Unknown = lambda:
             f"{where}: written by a newer mtrain (config version {version}; this one reads "
             f"up to {VERSION}): upgrade mtrain"
         )
+    for key, added in keys_after(raw, version):  # taken at face value, it would change the run
+        raise ConfigError(
+            f"{where}: {key} came in config version {added}, but this record is of version "
+            f"{version}, which has no such key: remove {key}, or name the version that wrote it"
+        )
     return version
+
+
+def keys_after(raw: dict[str, Any], version: int) -> list[tuple[str, int]]:
+    """The keys of a record (section.key) that came in a schema version after `version`, each
+    with that version: no record of `version` holds them."""
+    return sorted(
+        (f"{section}.{name}", policy.added.version)
+        for (section, name), policy in POLICIES.items()
+        if policy.added and policy.added.version > version and policy.redefined is None
+        if isinstance(raw.get(section), dict) and name in raw[section]
+    )
 
 
 def load(
