@@ -289,3 +289,32 @@ def test_an_empty_override_is_the_empty_string(setting):
     """What a shell leaves of `--set train.init_from=""`: the key's documented default."""
     cfg = config.load(REPO / "configs" / "tiny.yaml", [setting])
     assert cfg.train.init_from == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "dropped"),
+    [("corpus #2.tsv", "#2.tsv"), ("#2.tsv", "#2.tsv"), ("[a, b] # c", "# c")],
+)
+def test_a_set_value_yaml_cuts_at_a_comment_is_refused_saying_what_went(value, dropped):
+    """` #` starts a YAML comment: `--set 'data.train=corpus #2.tsv'` would train on `corpus`."""
+    with pytest.raises(ConfigError) as refused:
+        config.apply_override({}, f"data.train={value}")
+    message = str(refused.value)
+    assert "\n" not in message and f"reads {dropped!r} as a comment" in message, message
+    assert f"data.train='{value}'" in message  # how to quote it, which then keeps it
+    raw: dict = {}
+    config.apply_override(raw, f"data.train='{value}'")
+    assert raw == {"data": {"train": value}}
+
+
+@pytest.mark.parametrize("value", ["a#b", "'a #b'", '"it\'s #1"', '["x #y", z]'])
+def test_a_hash_yaml_keeps_is_no_comment(value):
+    raw: dict = {}
+    config.apply_override(raw, f"data.train={value}")
+    assert "#" in str(raw["data"]["train"])
+
+
+def test_the_command_line_says_what_yaml_dropped_from_a_set_value():
+    result = mtrain("train", "-c", "configs/tiny.yaml", "--set", "data.train=corpus #2.tsv")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "reads '#2.tsv' as a comment" in result.stderr

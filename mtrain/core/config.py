@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 import reprlib
 import typing
 from collections.abc import Callable
@@ -537,7 +538,27 @@ def apply_override(raw: dict[str, Any], override: Override) -> None:
         raise ConfigError(f"--set {override!r}: expected section.key=value")
     # Nothing after `=` is the empty string (what a shell leaves of `key=""`).
     value = parse_yaml(text, f"--set {override!r}: value") if text.strip() else ""
+    if (comment := dropped_comment(text, value)) is not None:
+        quoted = "'" + text.strip().replace("'", "''") + "'"
+        raise ConfigError(
+            f"--set {override!r}: YAML reads {comment!r} as a comment and drops it; to keep it, "
+            f'quote the value: --set "{key.strip()}={quoted}"'
+        )
     apply_value(raw, key.strip(), value)
+
+
+def dropped_comment(text: str, value: Any) -> str | None:
+    """The part of a YAML value's `text` that YAML read as a comment (a `#` after a space, or
+    first) and dropped to give `value`; None where it dropped nothing."""
+    for match in re.finditer(r"(?:^|\s)#", text):
+        head = text[: match.start()]
+        try:
+            same = (parse_yaml(head, "") if head.strip() else None) == value
+        except ConfigError:  # the # is inside a quoted string or a flow collection
+            continue
+        if same:
+            return text[match.start() :].strip()
+    return None
 
 
 def _is_key(key: Any) -> bool:
