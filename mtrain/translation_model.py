@@ -34,12 +34,26 @@ def whole(value: Any, name: str, low: int = 1, high: int | None = None) -> int:
     return value
 
 
+def text_of(text: Any, name: str) -> str:
+    """A sentence: a string that UTF-8 can write; anything else refused in one line."""
+    if not isinstance(text, str):
+        raise OptionError(f"{name}: expected a string, got {text!r:.80}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # "\ud800": a str, but no text (no encoding writes it)
+        raise OptionError(
+            f"{name}: a lone surrogate {text[e.start]!r} at character {e.start} is not text"
+        ) from None
+    return text
+
+
 def texts_of(text: Any, name: str) -> list[str]:
     """A sentence or a list of them, as a list; anything else refused in one line."""
-    texts = [text] if isinstance(text, str) else text
-    if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+    if isinstance(text, str):
+        return [text_of(text, name)]
+    if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
         raise OptionError(f"{name}: expected a string or a list of strings, got {text!r:.80}")
-    return list(texts)
+    return [text_of(t, f"{name} {i}") for i, t in enumerate(text)]
 
 
 def search(beam: Any, alpha: Any) -> None:
@@ -136,8 +150,7 @@ class TranslationModel(Opened):
         self, text: str, k: int = 5, beam: int | None = None, alpha: float | None = None
     ) -> Trace:
         """How `text` is decoded, step by step: what `mtrain translate --trace` prints."""
-        if not isinstance(text, str):
-            raise OptionError(f"text: expected a string, got {text!r:.80}")
+        text_of(text, "text")
         translator = self._with(beam, alpha, 1)
         whole(k, "k", 1, self._torch("--trace").tokenizer.tgt_vocab_size)
         tracer = Tracer(k)
@@ -156,8 +169,7 @@ class TranslationModel(Opened):
         self, text: str, beam: int | None = None, alpha: float | None = None
     ) -> Attention:
         """The attention weights of `text`'s translation: what `--attention` draws."""
-        if not isinstance(text, str):
-            raise OptionError(f"text: expected a string, got {text!r:.80}")
+        text_of(text, "text")
         self._torch("--attention")
         return Attention.of_translation(self._with(beam, alpha, 1), text)
 

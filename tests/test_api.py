@@ -246,6 +246,14 @@ WRONG_CALLS = {
     "trace(3)": (lambda m, r: m.trace(3), "text: expected a string"),
     "trace(k=0)": (lambda m, r: m.trace("我", k=0), "k 0: expected from 1 to"),
     "attention(None)": (lambda m, r: m.attention(None), "text: expected a string"),
+    "translate(surrogate)": (lambda m, r: m.translate("\ud800"), "text: a lone surrogate"),
+    "translate([surrogate])": (
+        lambda m, r: m.translate(["我", "我\udfff"]),
+        "text 1: a lone surrogate '\\udfff' at character 1 is not text",
+    ),
+    "score(surrogate)": (lambda m, r: m.score("我", "I\ud800"), "target: a lone surrogate"),
+    "trace(surrogate)": (lambda m, r: m.trace("\ud800"), "text: a lone surrogate"),
+    "attention(surrogate)": (lambda m, r: m.attention("\ud800"), "text: a lone surrogate"),
     "curves()": (lambda m, r: mtrain.curves(), "name at least one run directory"),
 }
 
