@@ -409,6 +409,27 @@ def test_variants_ctranslate2_expresses_translate_alike(ct2, tokenizer, tmp_path
     assert len({n[0].text for n in expected}) > 10  # outputs vary with the input
 
 
+def test_a_learned_table_is_exported_with_the_rows_the_run_has(ct2, tokenizer, tmp_path):
+    """Max lengths 20 and 50 make a table of 50 rows (not default.yaml's 64): the export holds
+    those rows, translates as mtrain's greedy search does, and its README says how long a
+    sentence its lines read (not the 1,024 pieces of a sinusoidal table)."""
+    cfg = random_config("pre", True, False)
+    cfg.model.variant = "learned-positions"
+    cfg.data = dataclasses.replace(cfg.data, max_src_len=20, max_tgt_len=50)
+    run = make_run(tmp_path / "run", cfg, tokenizer, {})
+    ours, theirs = both_engines(run, tmp_path / "ct2", cfg.decode)
+    spec = export.build_spec(cfg, tokenizer, ours.model)
+    for side, stack in (("src", spec.encoder), ("tgt", spec.decoder)):
+        table = getattr(ours.model, f"{side}_embed").positions.table.weight
+        assert table.shape == (50, 32)
+        assert torch.equal(torch.from_numpy(stack.position_encodings.encodings), table.detach())
+    sentences = [*SENTENCES[:6], "七" * 30]  # the last one cut at 20 pieces
+    assert theirs.translate(sentences) == ours.translate(sentences)
+    readme = (tmp_path / "ct2" / "README.md").read_text("utf-8")
+    assert "read and write up to 50 pieces, the rows of the learned position table" in readme
+    assert "1,024" not in readme
+
+
 def test_a_weight_with_no_place_in_the_spec_is_refused(ct2, tokenizer):
     cfg = random_config("pre", True, False)
     model = build_model(cfg, tokenizer)

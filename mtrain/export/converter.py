@@ -245,6 +245,21 @@ def build_spec(cfg: Config, tokenizer: Tokenizer, model: Transformer):
     return spec
 
 
+def reach(cfg: Config) -> str:
+    """How long a sentence the README's lines read and write, in the README's words."""
+    rows = cfg.data.max_positions()
+    if cfg.model.variant == "learned-positions":  # the run's table, no row past it
+        return (
+            f"these lines read and write up to {rows} pieces, the rows of the learned position "
+            "table (CTranslate2 refuses a longer sentence)"
+        )
+    return (
+        "these lines read up to 1,024 source pieces and write up to 256\n  (CTranslate2's "
+        f"`max_input_length` and `max_decoding_length`), past the {rows} positions\n  the model "
+        "was trained on: what it makes of the others is untested"
+    )
+
+
 def readme(run_dir: Path, out: Path, which: str, quantize: str | None, cfg: Config) -> str:
     """The README.md of an exported directory: what it holds and how to use it."""
     data, d = cfg.data, cfg.decode
@@ -282,11 +297,7 @@ print(tgt.decode(result[0].hypotheses[0]))
 What `mtrain translate` does that these lines do not:
 - it collapses whitespace{zh};
 - it cuts sources at {data.max_src_len} pieces, and outputs at {d.max_len_ratio} × source pieces +
-  {d.max_len_offset} (at most {data.max_tgt_len}); these lines read up to 1,024 source pieces and \
-write up to 256
-  (CTranslate2's `max_input_length` and `max_decoding_length`), past the \
-{data.max_positions()} positions
-  the model was trained on: what it makes of the others is untested;
+  {d.max_len_offset} (at most {data.max_tgt_len}); {reach(cfg)};
 - it outputs an empty line where the model ends a sentence at once; CTranslate2's
   `min_decoding_length` is 1, so these lines always output at least one piece;
 - it never outputs `<pad>` or `<s>`;
