@@ -134,7 +134,9 @@ class LearnedPositions(nn.Module):
 
 
 class NoPositions(nn.Module):
-    """no-positions: adds nothing, so that attention sees the tokens as a bag, not a sequence."""
+    """no-positions: adds nothing, so that the encoder sees the source as a bag of pieces. The
+    decoder still sees order through its look-ahead mask (each position attends to those before
+    it only)."""
 
     kind = "word order invisible"
 
