@@ -100,7 +100,7 @@ def test_translate_gives_one_line_per_input_line(writing_controls, tmp_path, cap
     assert files.returncode == 0, files.stderr
     assert out.read_text("utf-8") == piped.stdout
 
-    # A SOURCE<TAB>TARGET file of the translations is two columns: `mtrain score` reads it.
+    # A SOURCE<TAB>TARGET file of the translations has two columns, as `mtrain score` needs.
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{s}\t{t}\n" for s, t in zip(SOURCES, piped.stdout.splitlines())))
     assert [len(line.split("\t")) for line in pairs.read_text().splitlines()] == [2] * 4
