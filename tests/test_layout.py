@@ -89,6 +89,36 @@ def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
     assert stage("mtrain.cli") == TOP
 
 
+def commands_imports(here: str, path: Path) -> list[tuple[int, str]]:
+    """Where module `here` (at `path`) imports mtrain.commands: only cli.py and commands/ may."""
+    if here == "mtrain.cli" or stage(here) == STAGES.index("commands"):
+        return []
+    return [(line, m) for line, m in imports(path) if m.split(".")[:2] == ["mtrain", "commands"]]
+
+
+def test_only_the_command_line_imports_the_commands() -> None:
+    """The library (the faces `__init__.py` and `translation_model.py` too) never leans on the
+    command line: `mtrain.train`, `mtrain.lab` and `mtrain train` all call the library."""
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}"
+        for path in modules()
+        for line, imported in commands_imports(module_name(path), path)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_an_import_of_the_commands(tmp_path: Path) -> None:
+    """The rule above fails on a face or a stage that imports a command (the test can fail)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from mtrain import commands\n\ndef f():\n    from mtrain.commands.train import train\n"
+    )
+    found = [(1, "mtrain.commands"), (4, "mtrain.commands.train")]
+    assert commands_imports("mtrain", bad) == found
+    assert commands_imports("mtrain.laboratory.runner", bad) == found
+    assert commands_imports("mtrain.cli", bad) == commands_imports("mtrain.commands.lab", bad) == []
+
+
 # The most lines a definition may span: a class, a function (methods included), and the
 # Trainer, which only runs the loop (training/build.py assembles its parts).
 MAX_CLASS, MAX_FUNCTION, MAX_TRAINER = 180, 60, 150

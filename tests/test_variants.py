@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 
 import mtrain
 from mtrain.cli import app
-from mtrain.commands.train import check_resumable
 from mtrain.core import config
 from mtrain.core.config import VARIANTS, Config, ConfigError, ModelConfig
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtrain.model.transformer import PARTS, Transformer
+from mtrain.training.start import check_resumable
 
 from .synthetic import REPO, overrides
 
