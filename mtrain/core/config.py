@@ -135,17 +135,35 @@ class TokenizerConfig:
         return self.vocab_size if self.joint else self.tgt_vocab_size or self.vocab_size
 
 
-# model.variant: the textbook's Transformer, or it with one part swapped out (one change at a
-# time, so that a run measures what that part buys), and the part each lacks, in words.
+@dataclass(frozen=True)
+class Variant:
+    """A model.variant: the textbook's Transformer, or it with one part swapped out (one change
+    at a time, so that a run measures what that part buys). The model builds its parts from
+    these fields (model/transformer.py's `variant_parts`); `lacks` says in words what it lacks."""
+
+    lacks: str = ""
+    positions: Literal["sinusoidal", "learned", "none"] = "sinusoidal"  # added to the embeddings
+    scaled: bool = True  # attention scores divided by √d_head
+    residual: bool = True  # each sublayer's output added to its input
+    layernorm: bool = True  # LayerNorm in the sublayers and after the stacks
+    look_ahead: bool = True  # in training, the decoder's self-attention hides later targets
+
+
+# The one declaration of the model's variants: the config check, the model and the lab read it.
 VARIANTS = {
-    "textbook": "",
-    "no-positions": "the encoder and decoder add no positional encoding",
-    "learned-positions": "positions are learned embeddings, not the fixed sinusoids",
-    "peek": "in training the decoder's self-attention has no look-ahead mask (it sees the "
-    "targets it must predict); decoding is as usual",
-    "no-scale": "attention scores are not divided by √d_head",
-    "no-residual": "no sublayer has its residual connection",
-    "no-layernorm": "no LayerNorm, in the sublayers or after the stacks",
+    "textbook": Variant(),
+    "no-positions": Variant("the encoder and decoder add no positional encoding", positions="none"),
+    "learned-positions": Variant(
+        "positions are learned embeddings, not the fixed sinusoids", positions="learned"
+    ),
+    "peek": Variant(
+        "in training the decoder's self-attention has no look-ahead mask (it sees the "
+        "targets it must predict); decoding is as usual",
+        look_ahead=False,
+    ),
+    "no-scale": Variant("attention scores are not divided by √d_head", scaled=False),
+    "no-residual": Variant("no sublayer has its residual connection", residual=False),
+    "no-layernorm": Variant("no LayerNorm, in the sublayers or after the stacks", layernorm=False),
 }
 
 
