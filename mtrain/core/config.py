@@ -36,7 +36,8 @@ Corpus = str | dict[str, str]
 # Beside each key, its policy (`key(default, resume, child, ...)`): whether a resume may change
 # it, what a run started from another (train.init_from) does with it, and, for a key added after
 # the first run directory (416dbc9), what a run recorded before it existed did (`Added`, read by
-# config_upgrade.py). Resume, init_from (run/lineage.py), the upgrade and `mtrain info` read it
+# config_upgrade.py), and whether it holds a path of this machine (`Location`). Resume, init_from
+# (run/lineage.py), the upgrade, a run's start (training/start.py) and `mtrain info` read it
 # from here; a key declared without one is refused when this module is imported.
 
 
@@ -56,6 +57,14 @@ class Child(Enum):
     AGREED = "agreed"  # the child's config's, refused unless it is the parent's
 
 
+class Location(Enum):
+    """A key that holds a path of this machine: made absolute at a run's start, and each
+    process's own under torchrun (a resume from another machine may name another)."""
+
+    CORPUS = "corpus"  # a corpus's file or files, which must exist
+    DIRECTORY = "directory"  # a directory, made when first written to
+
+
 @dataclass(frozen=True)
 class Policy:
     """A key's rules, declared beside it."""
@@ -64,6 +73,7 @@ class Policy:
     child: Child
     added: Added | None = None  # None: every run directory records it (416dbc9)
     redefined: int | None = None  # the schema version that gave it its meaning (older dropped)
+    location: Location | None = None  # None: not a path of this machine
 
 
 POLICY = "mtrain.policy"  # the field metadata entry that holds a key's Policy
@@ -75,9 +85,10 @@ def key(
     child: Child,
     added: Added | None = None,
     redefined: int | None = None,
+    location: Location | None = None,
 ) -> Any:
     """A config key (a dataclass field) with its policy; a list default is copied per config."""
-    policy = {POLICY: Policy(resume, child, added, redefined)}
+    policy = {POLICY: Policy(resume, child, added, redefined, location)}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=policy)
     return field(default=default, metadata=policy)
@@ -85,16 +96,19 @@ def key(
 
 KEPT, MAY_CHANGE, RECORDED = Resume.KEPT, Resume.MAY_CHANGE, Resume.RECORDED
 OWN, INHERITED, AGREED = Child.OWN, Child.INHERITED, Child.AGREED
+CORPUS, DIRECTORY = Location.CORPUS, Location.DIRECTORY
 
 
 @dataclass
 class DataConfig:
     # One corpus or a list of them.
-    train: Corpus | list[Corpus] = key("data/tatoeba/train.tsv", KEPT, OWN)
-    dev: Corpus = key("data/tatoeba/dev.tsv", KEPT, OWN)
-    test: Corpus = key("data/tatoeba/test.tsv", KEPT, OWN)
+    train: Corpus | list[Corpus] = key("data/tatoeba/train.tsv", KEPT, OWN, location=CORPUS)
+    dev: Corpus = key("data/tatoeba/dev.tsv", KEPT, OWN, location=CORPUS)
+    test: Corpus = key("data/tatoeba/test.tsv", KEPT, OWN, location=CORPUS)
     # Where `mtrain prepare` writes the encoded training corpora.
-    prepared_dir: str = key("prepared", MAY_CHANGE, OWN, Added("prepared", "da5aa77"))
+    prepared_dir: str = key(
+        "prepared", MAY_CHANGE, OWN, Added("prepared", "da5aa77"), location=DIRECTORY
+    )
     src_lang: str = key("zh", KEPT, AGREED)
     tgt_lang: str = key("en", KEPT, AGREED)
     max_src_len: int = key(64, KEPT, OWN)  # tokens, </s> included; longer sentences are truncated
@@ -300,6 +314,8 @@ def policies(cls: type = Config) -> dict[Key, Policy]:
 
 
 POLICIES = policies()  # each key's rules, as declared beside it
+# The keys that hold a path of this machine, and what each names.
+LOCATIONS = {key: p.location for key, p in POLICIES.items() if p.location is not None}
 
 
 def effective(section: Any, name: str) -> Any:

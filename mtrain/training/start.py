@@ -6,7 +6,6 @@ MtrainError, which the command turns into one line and an exit status."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from datetime import datetime
@@ -184,12 +183,13 @@ def check_out(run_dir: Path) -> None:
 
 def rank_0s_config(cfg: Config, group: Group) -> Config:
     """Rank 0's config on every rank (rank 0 alone reads the run's own, whose values a resumed
-    run keeps for the keys the config file does not name), with this rank's own corpus paths."""
+    run keeps for the keys the config file does not name), with this rank's own paths."""
     theirs = group.broadcast(cfg, startup=True)
     if group.is_main:
         return cfg
-    paths = {key: getattr(cfg.data, key) for key in ("train", "dev", "test", "prepared_dir")}
-    return dataclasses.replace(theirs, data=dataclasses.replace(theirs.data, **paths))
+    for section, name in config.LOCATIONS:  # `theirs` is this rank's copy, received
+        setattr(getattr(theirs, section), name, getattr(getattr(cfg, section), name))
+    return theirs
 
 
 def say_upgraded(run_dir: Path) -> None:
@@ -206,12 +206,16 @@ def say_upgraded(run_dir: Path) -> None:
 
 
 def resolve_data(cfg: Config, config_path: Path) -> None:
-    """Check that the config's corpora exist, and make every data path absolute: the run
-    works from any directory."""
-    for key in ("train", "dev", "test"):
-        try:
-            corpus.check_files(getattr(cfg.data, key), f"data.{key}")
-        except corpus.DataError as e:
-            raise corpus.DataError(f"{config_path}: {e}") from None
-        setattr(cfg.data, key, corpus.resolve(getattr(cfg.data, key)))
-    cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
+    """Check that the config's corpora exist, and make every path of this machine absolute
+    (config.LOCATIONS): the run works from any directory."""
+    for (section, name), location in config.LOCATIONS.items():
+        value = getattr(getattr(cfg, section), name)
+        if location is config.Location.CORPUS:
+            try:
+                corpus.check_files(value, f"{section}.{name}")
+            except corpus.DataError as e:
+                raise corpus.DataError(f"{config_path}: {e}") from None
+            value = corpus.resolve(value)
+        else:
+            value = str(Path(value).resolve())
+        setattr(getattr(cfg, section), name, value)
