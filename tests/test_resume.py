@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from mtrain.core import config, jsonl, runtime
-from mtrain.decoding.loaded import load_run
 from mtrain.run.directory import (
     TRAIN_LOG,
     CheckpointError,
     load_checkpoint,
+    load_run,
     save_checkpoint,
     save_copy,
     step_checkpoints,

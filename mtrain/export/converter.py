@@ -32,9 +32,8 @@ from mtrain.core.files import (
     tmp_path,
 )
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
-from mtrain.decoding.loaded import load_run
 from mtrain.model.transformer import PositionalEncoding, Transformer
-from mtrain.run.directory import BEST, EXPORT_MODEL, config_record
+from mtrain.run.directory import BEST, EXPORT_MODEL, config_record, load_run
 
 log = logging.getLogger(__name__)
 
