@@ -198,6 +198,27 @@ class ModelConfig:
     variant: str = key("textbook", KEPT, INHERITED, Added("textbook", "c4a89ab", version=3))
 
 
+# Rules that join keys of two sections, declared beside them. Each is read where a run is built
+# on another's weights (train.init_from: run/lineage.py's `inherit`, before anything is
+# written) and says in one line why the child cannot take them, or None.
+def learned_positions_kept(child: Config, parent: Config, where: str) -> str | None:
+    """A learned-positions model's table has a row per position, as many as the longer of
+    data.max_src_len and data.max_tgt_len (`max_positions`): a child keeps that number."""
+    mine, theirs = child.data, parent.data
+    rows = theirs.max_positions()
+    if VARIANTS[parent.model.variant].positions != "learned" or mine.max_positions() == rows:
+        return None
+    return (
+        f"model.variant='learned-positions' in {where} has a table of {rows} positions "
+        f"(data.max_src_len={theirs.max_src_len}, data.max_tgt_len={theirs.max_tgt_len}); "
+        f"data.max_src_len={mine.max_src_len} and data.max_tgt_len={mine.max_tgt_len} here "
+        f"make {mine.max_positions()}: the longer of them must be {rows}"
+    )
+
+
+JOINED = (learned_positions_kept,)
+
+
 @dataclass
 class TrainConfig:
     seed: int = key(1, KEPT, OWN)

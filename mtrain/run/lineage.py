@@ -129,8 +129,8 @@ def given_keys(config_path: Path, overrides: list[config_mod.Override]) -> set[t
 def inherit(cfg: Config, source: Config, where: str, given: set[tuple[str, str]] | None) -> None:
     """Give `cfg` the keys a run takes from `source` (the parent's config, or the run's own on
     a resume); a key that `given` holds (None: every key) and whose value differs from
-    `source`'s, or a key that must agree and does not, is refused, naming it and both values.
-    The config is checked again with what it took."""
+    `source`'s, or a key that must agree and does not, is refused, naming it and both values,
+    as is a rule that joins keys (config.JOINED). The config is checked again with what it took."""
     for (section, name), policy in POLICIES.items():
         if policy.child is Child.OWN:
             continue
@@ -142,6 +142,9 @@ def inherit(cfg: Config, source: Config, where: str, given: set[tuple[str, str]]
             setattr(mine, name, old)
         else:
             refuse((section, name), new, old, where)
+    for rule in config_mod.JOINED:  # rules that join keys of two sections
+        if (why := rule(cfg, source, where)) is not None:
+            raise ConfigError(f"train.init_from: {why}")
     config_mod.validate(cfg, f"train.init_from: with the model and tokenizer of {where}")
 
 
