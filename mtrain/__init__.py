@@ -89,8 +89,9 @@ def train(
     are YAML (["train.max_steps=100"]). A run directory that holds a checkpoint is resumed.
     Progress shows as a bar on a terminal (a notebook widget under Jupyter, with ipywidgets
     installed) and as plain lines on stderr elsewhere; Ctrl-C, or the notebook's interrupt,
-    saves a checkpoint and raises `Interrupted`, an MtrainError. Under torchrun, every rank
-    trains and rank 0 alone writes the run: the others return None.
+    saves a checkpoint and raises `Interrupted`, an MtrainError (a second one: `Stopped`, at
+    once). Under torchrun, every rank trains and rank 0 alone writes the run: the others
+    return None.
     """
     from mtrain.core.progress import lines_to_stderr
     from mtrain.training.start import train_run
