@@ -1,4 +1,5 @@
-"""A run's start (training/start.py): the paths of this machine, read from the keys' policy."""
+"""A run's start (training/start.py): the paths of this machine, read from the keys' policy, and
+Ctrl-C as an MtrainError of the library."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtrain.core import config
 from mtrain.core.config import Config, DataConfig
+from mtrain.core.distributed import Group
 from mtrain.core.errors import MtrainError
-from mtrain.training.start import rank_0s_config, resolve_data
+from mtrain.training import build
+from mtrain.training.start import Stopped, rank_0s_config, resolve_data, run_training
 
 
 class OtherRank:
@@ -56,3 +60,21 @@ def test_resolve_data_makes_every_path_of_this_machine_absolute(corpus, tmp_path
     cfg.data.dev = "missing.tsv"
     with pytest.raises(MtrainError, match=r"c\.yaml: data\.dev: .*missing\.tsv"):
         resolve_data(cfg, tmp_path / "c.yaml")
+
+
+def test_ctrl_c_is_one_mtrain_error_of_the_library(tmp_path, monkeypatch):
+    """The library raises (`mtrain train` prints the line and exits with 130), saying what the
+    run directory keeps."""
+    last = tmp_path / "last.pt"
+
+    def interrupted(*args, **kwargs):
+        if "again" in kwargs:
+            last.write_bytes(b"")  # a checkpoint written before the second Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "build_trainer", interrupted)
+    with pytest.raises(Stopped, match=r"^stopped; no checkpoint had been written$"):
+        run_training(Config(), tmp_path, torch.device("cpu"), Group())
+    monkeypatch.setattr(build, "build_trainer", lambda *a, **k: interrupted(again=True))
+    with pytest.raises(Stopped, match=rf"^stopped; {last} is intact$"):
+        run_training(Config(), tmp_path, torch.device("cpu"), Group())
