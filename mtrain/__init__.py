@@ -89,18 +89,19 @@ def train(
     are YAML (["train.max_steps=100"]). A run directory that holds a checkpoint is resumed.
     Progress shows as a bar on a terminal (a notebook widget under Jupyter, with ipywidgets
     installed) and as plain lines on stderr elsewhere; Ctrl-C, or the notebook's interrupt,
-    saves a checkpoint and raises `Interrupted`, an MtrainError. Under torchrun, every rank
-    trains and rank 0 alone writes the run: the others return None.
+    saves a checkpoint and raises `Interrupted`, an MtrainError (a second one: `Stopped`, at
+    once). Under torchrun, every rank trains and rank 0 alone writes the run: the others
+    return None.
     """
-    from mtrain.commands.train import train_run
     from mtrain.core.progress import lines_to_stderr
+    from mtrain.training.start import train_run
 
     config_path, given = _path(config, "config"), _overrides(overrides)
     out_dir = None if out is None else _path(out, "out")
     if not isinstance(device, str):
         raise OptionError(f"device: expected a string such as 'cpu', got {device!r}")
     with lines_to_stderr():
-        run_dir, _ = train_run(config_path, given, out_dir, device, command=False)
+        run_dir, _ = train_run(config_path, given, out_dir, device)
     return run_dir  # None under torchrun, on a rank other than 0
 
 
@@ -132,9 +133,9 @@ def lab(
     model.n_decoder_layers=1"). Each run is trained as `mtrain.train` trains; a lab directory
     that holds runs goes on where it stopped.
     """
-    from mtrain.commands.train import train_run
     from mtrain.laboratory.plan import make_lab
     from mtrain.laboratory.runner import run_lab
+    from mtrain.training.start import train_run
 
     plan = make_lab(
         None if config is None else Path(config),
@@ -148,7 +149,7 @@ def lab(
     )
 
     def train(cfg: Path, changes: list[str], run_dir: Path) -> None:
-        train_run(cfg, changes, run_dir, device, command=False)
+        train_run(cfg, changes, run_dir, device)
 
     return run_lab(plan, Path(out), train, device)
 

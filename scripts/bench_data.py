@@ -102,9 +102,9 @@ def train_only(train: Path, prepared: Path, n_updates: int = 50) -> None:
     began = time.monotonic()
     import torch
 
-    from mtrain.commands.common import resolve_data
     from mtrain.core import config
     from mtrain.training.build import build_trainer
+    from mtrain.training.start import resolve_data
 
     overrides = [s.removeprefix("--set=") for s in mtrain_args(train, prepared)]
     cfg = config.load(CONFIG, [*overrides, "train.max_minutes=0"])

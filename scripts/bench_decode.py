@@ -34,12 +34,12 @@ from mtrain.core import config, runtime
 from mtrain.core.metrics import score
 from mtrain.data.pairs import group_references, read_parallel
 from mtrain.data.tokenizer import EOS_ID, PAD_ID
-from mtrain.decoding.loaded import load_run
 from mtrain.decoding.search import OutputLayer, greedy
 from mtrain.decoding.translator import Translator
 from mtrain.export import engine as ct2_engine
 from mtrain.export.converter import export_run
 from mtrain.model.transformer import Transformer
+from mtrain.run.directory import load_run
 
 CPU = torch.device("cpu")
 LONG = (40, 64)  # output pieces with --long-outputs

@@ -294,7 +294,7 @@ def test_the_beam_has_one_bound_everywhere(run_dir) -> None:
 
 def test_train_returns_none_on_a_rank_that_writes_no_run(monkeypatch) -> None:
     """Under torchrun the ranks other than 0 train too, and return None rather than raise."""
-    import mtrain.commands.train
+    import mtrain.training.start
 
-    monkeypatch.setattr(mtrain.commands.train, "train_run", lambda *args, **kwargs: (None, 0.0))
+    monkeypatch.setattr(mtrain.training.start, "train_run", lambda *args, **kwargs: (None, 0.0))
     assert mtrain.train("configs/tiny.yaml") is None

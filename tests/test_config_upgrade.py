@@ -15,7 +15,6 @@ import yaml
 from typer.testing import CliRunner
 
 from mtrain.cli import app, main
-from mtrain.commands.train import check_resumable, resumed, run_training
 from mtrain.core import config, runtime
 from mtrain.core.config import POLICIES
 from mtrain.core.config_upgrade import VERSION, removed
@@ -32,6 +31,7 @@ from mtrain.training import state as training_state
 from mtrain.training import update_step
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.build import build_trainer
+from mtrain.training.start import check_resumable, resumed, run_training
 
 from .fixtures.old_runs.reconstruct import COMMITS  # in the order mtrain wrote them
 from .synthetic import REPO

@@ -24,13 +24,12 @@ from mtrain.cli import main
 from mtrain.core import files
 from mtrain.core.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from mtrain.decoding.loaded import load_run
 from mtrain.decoding.search import NEVER_OUTPUT
 from mtrain.decoding.translator import Translator
 from mtrain.export import converter as export
 from mtrain.export import engine as ct2_engine
 from mtrain.export.converter import ExportError, check_expressible, export_run
-from mtrain.run.directory import BEST, build_model, save_checkpoint, write_config
+from mtrain.run.directory import BEST, build_model, load_run, save_checkpoint, write_config
 
 from .synthetic import REPO, number_pairs, overrides
 

@@ -15,10 +15,9 @@ import torch
 
 from mtrain.core import config
 from mtrain.data.pairs import Batch, group_references, read_parallel
-from mtrain.decoding.loaded import load_run
 from mtrain.decoding.search import beam_search, greedy
 from mtrain.decoding.translator import Translator
-from mtrain.run.directory import load_checkpoint
+from mtrain.run.directory import load_checkpoint, load_run
 from mtrain.training.build import build_trainer
 from mtrain.training.trainer import Update
 

@@ -197,6 +197,23 @@ def test_a_config_that_sets_the_parents_sections_otherwise_is_refused(parent, ow
     assert "data.src_lang is 'ja' here and 'zh' in" in line
 
 
+def test_a_learned_positions_child_keeps_its_parents_table(corpus, own_corpus, tmp_path):
+    """A learned-positions model has a row per position, as many as the longer of
+    data.max_src_len and data.max_tgt_len: a child of other lengths is refused in one line
+    naming the keys and their values, before anything is written (not a size mismatch)."""
+    learned = tmp_path / "learned"
+    settings = [*overrides(corpus, max_steps=1, eval_every=1), "model.variant=learned-positions"]
+    status, _, stderr = run_cli(
+        "train", "--config", "configs/tiny.yaml", "--out", str(learned), *sets(settings)
+    )
+    assert status == 0, stderr
+    child = ("model.variant=learned-positions", "data.max_src_len=16", "data.max_tgt_len=24")
+    line = refused(str(learned), own_corpus, tmp_path, *child)
+    assert line.startswith("mtrain: error: train.init_from: model.variant='learned-positions'")
+    assert "data.max_src_len=32, data.max_tgt_len=32" in line, line
+    assert "data.max_src_len=16 and data.max_tgt_len=24" in line, line
+
+
 def copy_of(parent: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "parent"
     shutil.copytree(parent, copy)

@@ -89,6 +89,68 @@ def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
     assert stage("mtrain.cli") == TOP
 
 
+def commands_imports(here: str, path: Path) -> list[tuple[int, str]]:
+    """Where module `here` (at `path`) imports mtrain.commands: only cli.py and commands/ may."""
+    if here == "mtrain.cli" or stage(here) == STAGES.index("commands"):
+        return []
+    return [(line, m) for line, m in imports(path) if m.split(".")[:2] == ["mtrain", "commands"]]
+
+
+def test_only_the_command_line_imports_the_commands() -> None:
+    """The library (the faces `__init__.py` and `translation_model.py` too) never leans on the
+    command line: `mtrain.train`, `mtrain.lab` and `mtrain train` all call the library."""
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}"
+        for path in modules()
+        for line, imported in commands_imports(module_name(path), path)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_an_import_of_the_commands(tmp_path: Path) -> None:
+    """The rule above fails on a face or a stage that imports a command (the test can fail)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from mtrain import commands\n\ndef f():\n    from mtrain.commands.train import train\n"
+    )
+    found = [(1, "mtrain.commands"), (4, "mtrain.commands.train")]
+    assert commands_imports("mtrain", bad) == found
+    assert commands_imports("mtrain.laboratory.runner", bad) == found
+    assert commands_imports("mtrain.cli", bad) == commands_imports("mtrain.commands.lab", bad) == []
+
+
+def variant_tables(path: Path, names: set[str]) -> list[int]:
+    """The lines of `path` where a dict's keys or a set's elements name two model variants or
+    more: a table of the variants, which only their one declaration may hold."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Dict):
+            items = node.keys
+        elif isinstance(node, ast.Set):
+            items = node.elts
+        else:
+            continue
+        named = {i.value for i in items if isinstance(i, ast.Constant) and i.value in names}
+        if len(named) >= 2:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_model_variants_are_declared_once() -> None:
+    """core/config.py's VARIANTS; the model, the config check, the lab and the exporter read it."""
+    from mtrain.core.config import VARIANTS
+
+    declared = PACKAGE / "core" / "config.py"
+    assert variant_tables(declared, set(VARIANTS)) != []  # the check sees the declaration
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in modules()
+        if path != declared
+        for line in variant_tables(path, set(VARIANTS))
+    ]
+    assert not wrong, "a second table of the model variants: " + ", ".join(wrong)
+
+
 # The most lines a definition may span: a class, a function (methods included), and the
 # Trainer, which only runs the loop (training/build.py assembles its parts).
 MAX_CLASS, MAX_FUNCTION, MAX_TRAINER = 180, 60, 150

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtrain.commands.train import check_resumable
 from mtrain.core import config, jsonl, runtime
-from mtrain.decoding.loaded import load_run
 from mtrain.run.directory import (
     TRAIN_LOG,
     CheckpointError,
     load_checkpoint,
+    load_run,
     save_checkpoint,
     save_copy,
     step_checkpoints,
@@ -27,6 +26,7 @@ from mtrain.run.directory import (
 )
 from mtrain.training import update_step
 from mtrain.training.build import build_trainer
+from mtrain.training.start import check_resumable
 from mtrain.training.trainer import NonFiniteLoss, Trainer, Validation
 from mtrain.training.validation import Validator
 

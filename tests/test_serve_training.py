@@ -20,9 +20,8 @@ import torch
 
 from mtrain.core import jsonl
 from mtrain.core.files import LOCK_FILE, DirectoryLock, stamp
-from mtrain.decoding.loaded import load_run
 from mtrain.decoding.translator import Translator
-from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint
+from mtrain.run.directory import BEST, EXAMPLES, LAST, METRICS, TRAIN_LOG, load_checkpoint, load_run
 from mtrain.serve import reload, training_view
 from mtrain.serve.reload import ModelWatcher
 from mtrain.serve.service import Service

@@ -19,13 +19,10 @@ from typing import Annotated
 import typer
 
 from mtrain.core.config import MAX_ALPHA, MAX_BEAM, Config
-from mtrain.data import corpus
 from mtrain.decoding.translator import TextTranslator
 from mtrain.export.engine import Opened, open_engine
 from mtrain.run.directory import BEST, latest_run
-
-RUNS_ROOT = Path("runs")
-
+from mtrain.training.start import RUNS_ROOT
 
 log = logging.getLogger("mtrain")
 
@@ -205,15 +202,3 @@ def load_engine(engine: Engine, d: Decoding) -> tuple[Path, Config, TextTranslat
     """The directory, config and translator of `d`'s model on `engine`."""
     model = load_model(engine, d)
     return model.path, model.translator.cfg, model.translator
-
-
-def resolve_data(cfg: Config, config_path: Path) -> None:
-    """Check that the config's corpora exist, and make every data path absolute: the run
-    works from any directory."""
-    for key in ("train", "dev", "test"):
-        try:
-            corpus.check_files(getattr(cfg.data, key), f"data.{key}")
-        except corpus.DataError as e:
-            raise corpus.DataError(f"{config_path}: {e}") from None
-        setattr(cfg.data, key, corpus.resolve(getattr(cfg.data, key)))
-    cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())

@@ -70,6 +70,7 @@ def lab(
     """
     import mtrain
     from mtrain.laboratory.report import COLUMNS, markdown_table, table
+    from mtrain.training.start import Stopped
     from mtrain.training.trainer import Interrupted
 
     setup_logging()
@@ -86,7 +87,7 @@ def lab(
             preset,
             device,
         )
-    except Interrupted as e:
+    except (Interrupted, Stopped) as e:
         typer.echo(f"mtrain: {e}; run the same command to go on", err=True)
         raise typer.Exit(130) from None
     typer.echo(markdown_table(COLUMNS, table(rows)))

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from mtrain.commands.common import resolve_data, setup_logging
+from mtrain.commands.common import setup_logging
 from mtrain.core import config
+from mtrain.training.start import resolve_data
 
 
 def prepare(

@@ -2,77 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
-import os
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from mtrain.commands.common import (
-    RUNS_ROOT,
-    DeviceOption,
-    log,
-    resolve_data,
-    setup_logging,
-)
-from mtrain.core import config, runtime
-from mtrain.core.config import Config, ConfigError, Resume, effective
-from mtrain.core.errors import OptionError
-from mtrain.core.files import LOCK_FILE, DirectoryLock, remove_leftovers
-from mtrain.run.directory import (
-    BEST,
-    CONFIG_FILE,
-    LAST,
-    CheckpointError,
-    recorded_version,
-    run_config,
-    step_checkpoints,
-    write_config,
-)
-
-if TYPE_CHECKING:
-    import torch
-
-    from mtrain.core.distributed import Group
-    from mtrain.run.lineage import Parent
-
-
-def is_run_dir(path: Path) -> bool:
-    """A directory that mtrain trained into (or began to)."""
-    return (path / CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
-
-
-def resumed(run_dir: Path) -> Config | None:
-    """The config of the run `run_dir` holds, in today's schema, if training would resume it:
-    the keys a config file does not name keep its values."""
-    if (run_dir / LAST).is_file() and (run_dir / CONFIG_FILE).is_file():
-        return run_config(run_dir)
-    return None
-
-
-def check_resumable(run_dir: Path, cfg: Config) -> None:
-    """Refuse to resume a run with a config other than its own, but for the keys declared to
-    change on a resume (config.Resume); those it records keep the run's own value."""
-    saved = run_config(run_dir)
-    for (section, name), policy in config.POLICIES.items():
-        mine, theirs = getattr(cfg, section), getattr(saved, section)
-        old, new = getattr(theirs, name), getattr(mine, name)
-        if policy.resume is Resume.RECORDED:
-            if new and not old:
-                raise ConfigError(
-                    f"{run_dir} began from its own weights, not {section}.{name}={new!r}: a "
-                    "resume never reads a parent; leave it out or use another --out"
-                )
-            setattr(mine, name, old)  # where it began: a resume reads no parent
-        elif policy.resume is Resume.KEPT and effective(mine, name) != effective(theirs, name):
-            raise ConfigError(
-                f"{run_dir} was trained with {section}.{name}={old!r}, not {new!r}; use the "
-                "run's own config or another --out"
-            )
+from mtrain.commands.common import DeviceOption, log, setup_logging
+from mtrain.training.start import Stopped, train_run
 
 
 def train(
@@ -124,7 +61,7 @@ def train(
         *(overrides or []),
         *([f"train.init_from={json.dumps(str(init_from))}"] if init_from else []),
     ]
-    run_dir, best = train_run(config_path, overrides, out, device, peer_timeout)
+    run_dir, best = stopped_in_one_line(config_path, overrides, out, device, peer_timeout)
     if run_dir is not None:
         log.info("best dev BLEU %.2f", best)
         typer.echo(str(run_dir))
@@ -137,142 +74,21 @@ def is_main_process() -> bool:
     return distributed.from_env().is_main
 
 
-def train_run(
-    config_path: Path,
-    overrides: list[config.Override],
-    out: Path | None,
-    device: str = "auto",
-    peer_timeout: float = 5.0,
-    command: bool = True,
+def stopped_in_one_line(
+    config_path: Path, overrides: list[str], out: Path | None, device: str, peer_timeout: float
 ) -> tuple[Path | None, float]:
-    """Train as `mtrain train` does; return the run directory (None on ranks other than 0)
-    and the best dev BLEU. `command`: Ctrl-C ends the command with one line and status
-    130, as `mtrain train`; otherwise it raises (`Interrupted` once a checkpoint is saved)."""
-    from mtrain.core import distributed  # imported here: keeps `translate` light
-    from mtrain.training import tensorboard_log
-
-    group = distributed.from_env()
-    run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    cfg = config.load(config_path, overrides, require_data=True, run=resumed(run_dir))
-    tensorboard_log.require(cfg.train)
-    torch_device = runtime.pick_device(device, group.local_rank)
-    resolve_data(cfg, config_path)
-    parent = None
-    if cfg.train.init_from:  # checked before anything is written; rank 0 alone reads it
-        from mtrain.run import lineage
-
-        cfg.train.init_from = os.path.abspath(cfg.train.init_from)
-        if group.is_main:
-            parent = lineage.start(cfg, run_dir, config_path, overrides)
-    if group.is_main:
-        check_out(run_dir)
-    distributed.start(group, torch_device, peer_timeout)
-    try:
-        best = run_training(cfg, run_dir, torch_device, group, parent, command)
-    finally:
-        distributed.stop(group)
-    return (run_dir if group.is_main else None), best
-
-
-def run_training(
-    cfg: Config,
-    run_dir: Path,
-    device: torch.device,
-    group: Group,
-    parent: Parent | None = None,
-    command: bool = True,
-) -> float:
-    """Train into `run_dir` as this process of `group` (from `parent`'s weights, if given);
-    return the best dev BLEU. Each way a run stops early is an MtrainError (`command`: Ctrl-C
-    is one line and status 130), but for a bug, which keeps its traceback."""
-    from mtrain.core import distributed
-    from mtrain.training.build import build_trainer
-    from mtrain.training.trainer import Interrupted
+    """`train_run`, where Ctrl-C ends the command with one line and exit status 130."""
+    from mtrain.training.trainer import Interrupted  # imported here: keeps `translate` light
 
     try:
-        # Rank 0 alone owns the run directory; the others get what they need from it.
-        with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
-            resume = group.is_main and open_run(run_dir, cfg)
-            cfg = rank_0s_config(cfg, group)
-            trainer = build_trainer(cfg, run_dir, device, resume, group, parent=parent)
-            # a start that does nothing (a finished run) writes nothing
-            if group.is_main and not trainer.progress.done(cfg.train):
-                chosen = trainer.choice and trainer.choice.to_dict()
-                say_upgraded(run_dir)
-                # once the run is known to be resumable
-                write_config(run_dir, cfg, chosen, trainer.state.parent)
-            return trainer.run()
+        return train_run(config_path, overrides, out, device, peer_timeout)
     except Interrupted as e:
-        if not command:
-            raise
-        if group.is_main:
+        if is_main_process():
             typer.echo(
-                f"mtrain: {e}; checkpoint saved in {run_dir}; run the same command to resume",
+                f"mtrain: {e}; checkpoint saved in {e.run_dir}; run the same command to resume",
                 err=True,
             )
         raise typer.Exit(130) from None
-    except KeyboardInterrupt:
-        if not command:
-            raise
-        last = run_dir / LAST
-        kept = f"{last} is intact" if last.exists() else "no checkpoint had been written"
-        typer.echo(f"mtrain: stopped; {kept}", err=True)
+    except Stopped as e:
+        typer.echo(f"mtrain: {e}", err=True)
         raise typer.Exit(130) from None
-    except RuntimeError as e:
-        if not (group.active and distributed.is_peer_loss(e)):
-            raise  # a bug: its traceback says where
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise distributed.DistributedError(
-            f"rank {group.rank}: lost the other training processes ({first_line[:200]})"
-        ) from None
-
-
-def say_upgraded(run_dir: Path) -> None:
-    """One line on stderr where this start rewrites an older mtrain's config.yaml."""
-    version = recorded_version(run_dir)
-    if version is not None and version < config.VERSION:
-        log.warning(
-            "%s: upgraded from config version %d to %d (keys added since keep what the run did "
-            "before them); an mtrain older than this one can no longer resume it",
-            run_dir / CONFIG_FILE,
-            version,
-            config.VERSION,
-        )
-
-
-def rank_0s_config(cfg: Config, group: Group) -> Config:
-    """Rank 0's config on every rank (rank 0 alone reads the run's own, whose values a resumed
-    run keeps for the keys the config file does not name), with this rank's own corpus paths."""
-    theirs = group.broadcast(cfg, startup=True)
-    if group.is_main:
-        return cfg
-    paths = {key: getattr(cfg.data, key) for key in ("train", "dev", "test", "prepared_dir")}
-    return dataclasses.replace(theirs, data=dataclasses.replace(theirs.data, **paths))
-
-
-def check_out(run_dir: Path) -> None:
-    """Make the run directory, refusing one that holds anything but a run."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise OptionError(f"--out {run_dir}: exists and is not a directory")
-    if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
-        raise OptionError(
-            f"--out {run_dir}: holds other files and no run; use a new or empty directory"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-
-def open_run(run_dir: Path, cfg: Config) -> bool:
-    """Clean a locked run directory of what a killed run left; return whether to resume."""
-    for leftover in remove_leftovers(run_dir):
-        log.info("removed %s, left by an interrupted write", leftover)
-    resume = (run_dir / LAST).exists()
-    kept = (run_dir / BEST).exists() or step_checkpoints(run_dir)
-    if kept and not resume:  # last.pt deleted, or lost
-        raise CheckpointError(
-            f"{run_dir}: holds checkpoints but no {LAST} to resume from; training "
-            "afresh would replace them: use another --out"
-        )
-    if resume:
-        check_resumable(run_dir, cfg)
-    log.info("run directory %s", run_dir)
-    return resume

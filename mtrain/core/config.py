@@ -37,7 +37,8 @@ Corpus = str | dict[str, str]
 # Beside each key, its policy (`key(default, resume, child, ...)`): whether a resume may change
 # it, what a run started from another (train.init_from) does with it, and, for a key added after
 # the first run directory (416dbc9), what a run recorded before it existed did (`Added`, read by
-# config_upgrade.py). Resume, init_from (run/lineage.py), the upgrade and `mtrain info` read it
+# config_upgrade.py), and whether it holds a path of this machine (`Location`). Resume, init_from
+# (run/lineage.py), the upgrade, a run's start (training/start.py) and `mtrain info` read it
 # from here; a key declared without one is refused when this module is imported.
 
 
@@ -57,6 +58,14 @@ class Child(Enum):
     AGREED = "agreed"  # the child's config's, refused unless it is the parent's
 
 
+class Location(Enum):
+    """A key that holds a path of this machine: made absolute at a run's start, and each
+    process's own under torchrun (a resume from another machine may name another)."""
+
+    CORPUS = "corpus"  # a corpus's file or files, which must exist
+    DIRECTORY = "directory"  # a directory, made when first written to
+
+
 @dataclass(frozen=True)
 class Policy:
     """A key's rules, declared beside it."""
@@ -65,6 +74,7 @@ class Policy:
     child: Child
     added: Added | None = None  # None: every run directory records it (416dbc9)
     redefined: int | None = None  # the schema version that gave it its meaning (older dropped)
+    location: Location | None = None  # None: not a path of this machine
 
 
 POLICY = "mtrain.policy"  # the field metadata entry that holds a key's Policy
@@ -76,9 +86,10 @@ def key(
     child: Child,
     added: Added | None = None,
     redefined: int | None = None,
+    location: Location | None = None,
 ) -> Any:
     """A config key (a dataclass field) with its policy; a list default is copied per config."""
-    policy = {POLICY: Policy(resume, child, added, redefined)}
+    policy = {POLICY: Policy(resume, child, added, redefined, location)}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=policy)
     return field(default=default, metadata=policy)
@@ -86,16 +97,19 @@ def key(
 
 KEPT, MAY_CHANGE, RECORDED = Resume.KEPT, Resume.MAY_CHANGE, Resume.RECORDED
 OWN, INHERITED, AGREED = Child.OWN, Child.INHERITED, Child.AGREED
+CORPUS, DIRECTORY = Location.CORPUS, Location.DIRECTORY
 
 
 @dataclass
 class DataConfig:
     # One corpus or a list of them.
-    train: Corpus | list[Corpus] = key("data/tatoeba/train.tsv", KEPT, OWN)
-    dev: Corpus = key("data/tatoeba/dev.tsv", KEPT, OWN)
-    test: Corpus = key("data/tatoeba/test.tsv", KEPT, OWN)
+    train: Corpus | list[Corpus] = key("data/tatoeba/train.tsv", KEPT, OWN, location=CORPUS)
+    dev: Corpus = key("data/tatoeba/dev.tsv", KEPT, OWN, location=CORPUS)
+    test: Corpus = key("data/tatoeba/test.tsv", KEPT, OWN, location=CORPUS)
     # Where `mtrain prepare` writes the encoded training corpora.
-    prepared_dir: str = key("prepared", MAY_CHANGE, OWN, Added("prepared", "da5aa77"))
+    prepared_dir: str = key(
+        "prepared", MAY_CHANGE, OWN, Added("prepared", "da5aa77"), location=DIRECTORY
+    )
     src_lang: str = key("zh", KEPT, AGREED)
     tgt_lang: str = key("en", KEPT, AGREED)
     max_src_len: int = key(64, KEPT, OWN)  # tokens, </s> included; longer sentences are truncated
@@ -136,17 +150,35 @@ class TokenizerConfig:
         return self.vocab_size if self.joint else self.tgt_vocab_size or self.vocab_size
 
 
-# model.variant: the textbook's Transformer, or it with one part swapped out (one change at a
-# time, so that a run measures what that part buys), and the part each lacks, in words.
+@dataclass(frozen=True)
+class Variant:
+    """A model.variant: the textbook's Transformer, or it with one part swapped out (one change
+    at a time, so that a run measures what that part buys). The model builds its parts from
+    these fields (model/transformer.py's `variant_parts`); `lacks` says in words what it lacks."""
+
+    lacks: str = ""
+    positions: Literal["sinusoidal", "learned", "none"] = "sinusoidal"  # added to the embeddings
+    scaled: bool = True  # attention scores divided by √d_head
+    residual: bool = True  # each sublayer's output added to its input
+    layernorm: bool = True  # LayerNorm in the sublayers and after the stacks
+    look_ahead: bool = True  # in training, the decoder's self-attention hides later targets
+
+
+# The one declaration of the model's variants: the config check, the model and the lab read it.
 VARIANTS = {
-    "textbook": "",
-    "no-positions": "the encoder and decoder add no positional encoding",
-    "learned-positions": "positions are learned embeddings, not the fixed sinusoids",
-    "peek": "in training the decoder's self-attention has no look-ahead mask (it sees the "
-    "targets it must predict); decoding is as usual",
-    "no-scale": "attention scores are not divided by √d_head",
-    "no-residual": "no sublayer has its residual connection",
-    "no-layernorm": "no LayerNorm, in the sublayers or after the stacks",
+    "textbook": Variant(),
+    "no-positions": Variant("the encoder and decoder add no positional encoding", positions="none"),
+    "learned-positions": Variant(
+        "positions are learned embeddings, not the fixed sinusoids", positions="learned"
+    ),
+    "peek": Variant(
+        "in training the decoder's self-attention has no look-ahead mask (it sees the "
+        "targets it must predict); decoding is as usual",
+        look_ahead=False,
+    ),
+    "no-scale": Variant("attention scores are not divided by √d_head", scaled=False),
+    "no-residual": Variant("no sublayer has its residual connection", residual=False),
+    "no-layernorm": Variant("no LayerNorm, in the sublayers or after the stacks", layernorm=False),
 }
 
 
@@ -165,6 +197,27 @@ class ModelConfig:
     tie_embeddings: bool = key(True, KEPT, INHERITED, Added(False, "ff2b51d"))
     # One of VARIANTS: the textbook's model, or it with one part swapped (mtrain lab).
     variant: str = key("textbook", KEPT, INHERITED, Added("textbook", "c4a89ab", version=3))
+
+
+# Rules that join keys of two sections, declared beside them. Each is read where a run is built
+# on another's weights (train.init_from: run/lineage.py's `inherit`, before anything is
+# written) and says in one line why the child cannot take them, or None.
+def learned_positions_kept(child: Config, parent: Config, where: str) -> str | None:
+    """A learned-positions model's table has a row per position, as many as the longer of
+    data.max_src_len and data.max_tgt_len (`max_positions`): a child keeps that number."""
+    mine, theirs = child.data, parent.data
+    rows = theirs.max_positions()
+    if VARIANTS[parent.model.variant].positions != "learned" or mine.max_positions() == rows:
+        return None
+    return (
+        f"model.variant='learned-positions' in {where} has a table of {rows} positions "
+        f"(data.max_src_len={theirs.max_src_len}, data.max_tgt_len={theirs.max_tgt_len}); "
+        f"data.max_src_len={mine.max_src_len} and data.max_tgt_len={mine.max_tgt_len} here "
+        f"make {mine.max_positions()}: the longer of them must be {rows}"
+    )
+
+
+JOINED = (learned_positions_kept,)
 
 
 @dataclass
@@ -283,6 +336,8 @@ def policies(cls: type = Config) -> dict[Key, Policy]:
 
 
 POLICIES = policies()  # each key's rules, as declared beside it
+# The keys that hold a path of this machine, and what each names.
+LOCATIONS = {key: p.location for key, p in POLICIES.items() if p.location is not None}
 
 
 def effective(section: Any, name: str) -> Any:

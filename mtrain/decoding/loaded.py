@@ -1,8 +1,8 @@
-"""Opening a run: its config, tokenizer and checkpoint, loaded into a model and a Translator.
+"""Opening a run to translate with: the run as `run.directory.load_run` loads it (the one
+loader of a run directory, which a new run's parent is read with too), in a Translator.
 
-The one module that opens a run directory: `mtrain translate`, `eval`, `score`, `plot`,
-`export`, `serve` (and each checkpoint it reloads, through `wrap`) and `mtrain.load` all come
-through here. `run.directory` owns the files it reads; a CTranslate2 export is opened by
+`mtrain translate`, `eval`, `score`, `plot`, `export`, `serve` (and each checkpoint it reloads,
+through `wrap`) and `mtrain.load` all come through here; a CTranslate2 export is opened by
 `export.engine`, which chooses between the two.
 """
 
@@ -19,19 +19,7 @@ from mtrain.core.errors import OptionError
 from mtrain.data.tokenizer import Tokenizer
 from mtrain.decoding.translator import Translator
 from mtrain.model.transformer import Transformer
-from mtrain.run.directory import BEST, load_model, resolve, run_config
-
-
-@dataclass
-class LoadedRun:
-    """A run's config, tokenizer and the model of one of its checkpoints (in eval mode)."""
-
-    run_dir: Path
-    cfg: Config
-    tokenizer: Tokenizer
-    model: Transformer
-    checkpoint: Path
-    step: int  # the training step the checkpoint was saved at
+from mtrain.run.directory import BEST, LoadedRun, load_run, run_config
 
 
 @dataclass
@@ -40,15 +28,6 @@ class OpenedRun:
 
     run: LoadedRun
     translator: Translator
-
-
-def load_run(run_dir: Path, device: torch.device, checkpoint: str = BEST) -> LoadedRun:
-    """A run directory's config, tokenizer and checkpoint `checkpoint`'s model on `device`."""
-    cfg = run_config(run_dir)
-    tokenizer = Tokenizer.load(run_dir)
-    path = resolve(run_dir, checkpoint)
-    model, step = load_model(path, cfg, tokenizer, device)
-    return LoadedRun(run_dir, cfg, tokenizer, model, path, step)
 
 
 def decode_options(cfg: Config, beam: int | None, alpha: float | None, nbest: int) -> DecodeConfig:

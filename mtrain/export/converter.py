@@ -21,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from mtrain.core.config import Config, ModelConfig
+from mtrain.core.config import VARIANTS, Config, ModelConfig
 from mtrain.core.errors import MtrainError
 from mtrain.core.files import (
     lock_beside,
@@ -32,9 +32,8 @@ from mtrain.core.files import (
     tmp_path,
 )
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, SRC_MODEL, TGT_MODEL, UNK_ID, Tokenizer
-from mtrain.decoding.loaded import load_run
 from mtrain.model.transformer import PositionalEncoding, Transformer
-from mtrain.run.directory import BEST, EXPORT_MODEL, config_record
+from mtrain.run.directory import BEST, EXPORT_MODEL, config_record, load_run
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ EXPRESSIBLE: dict[str, set | None] = {
     # look-ahead mask (peek lacks it in training only), and scales queries by 1/sqrt(d_head)
     # (undone for no-scale by scaling our query projection); every sublayer has its residual
     # connection and LayerNorm.
-    "variant": {"textbook", "no-positions", "learned-positions", "peek", "no-scale"},
+    "variant": {name for name, v in VARIANTS.items() if v.residual and v.layernorm},
 }
 
 
@@ -179,10 +178,11 @@ def _layer_norm_epsilon(model: Transformer) -> float:
 def _positions(m: ModelConfig, model: Transformer, side: str, w: _Weights) -> torch.Tensor:
     """(positions, d_model): the table added to one side's embeddings. The sinusoids for
     POSITIONS at least; a learned table has the run's rows; no-positions, zeros."""
-    if m.variant == "learned-positions":
+    positions = VARIANTS[m.variant].positions
+    if positions == "learned":
         return w(f"{side}_embed.positions.table.weight")
     table = PositionalEncoding(m.d_model, max(POSITIONS, model.max_len)).pe
-    return torch.zeros_like(table) if m.variant == "no-positions" else table
+    return torch.zeros_like(table) if positions == "none" else table
 
 
 def build_spec(cfg: Config, tokenizer: Tokenizer, model: Transformer):
@@ -208,7 +208,7 @@ def build_spec(cfg: Config, tokenizer: Tokenizer, model: Transformer):
         if pre_norm:  # the final LayerNorm of a pre-norm stack
             w.norm(stack.layer_norm, "encoder.norm" if side == "src" else "decoder.norm")
     # CTranslate2's scores are divided by sqrt(d_head): no-scale's queries are that much larger.
-    q_scale = math.sqrt(m.d_model // m.n_heads) if m.variant == "no-scale" else 1.0
+    q_scale = math.sqrt(m.d_model // m.n_heads) if not VARIANTS[m.variant].scaled else 1.0
     for i, layer in enumerate(spec.encoder.layer):
         scope = f"encoder.layers.{i}"
         w.attention(layer.self_attention, f"{scope}.self_attn", True, q_scale)

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtrain.core.config import VARIANTS as MODEL_VARIANTS
 from mtrain.core.errors import OptionError
 
 BASELINE = "baseline"
@@ -14,14 +15,10 @@ BASELINE = "baseline"
 # Each variant takes one part of the textbook's Transformer out (or changes one choice), as
 # `--set` overrides of the baseline's config. They live here, beside the code that reads them,
 # rather than in a YAML under configs/: they ship with the package (configs/ does not), and a
-# test holds each of them to be a valid config.
+# test holds each of them to be a valid config. The model's own variants (model.variant) come
+# from their one declaration, core/config.py's VARIANTS.
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "no-positions": ("model.variant=no-positions",),
-    "learned-positions": ("model.variant=learned-positions",),
-    "peek": ("model.variant=peek",),
-    "no-scale": ("model.variant=no-scale",),
-    "no-residual": ("model.variant=no-residual",),
-    "no-layernorm": ("model.variant=no-layernorm",),
+    **{name: (f"model.variant={name}",) for name in MODEL_VARIANTS if name != "textbook"},
     "one-head": ("model.n_heads=1",),
     "post-norm": ("model.norm=post",),
     "no-label-smoothing": ("train.label_smoothing=0",),

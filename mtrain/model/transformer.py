@@ -4,7 +4,7 @@ Masks are boolean and broadcast over heads: True means "may attend". They are bu
 `padding_mask`, `causal_mask` and `teacher_forcing_mask` (the two together), and nowhere else.
 
 `model.variant` swaps one part of the textbook's model for another, chosen once at construction
-(`PARTS`): each swapped part follows the textbook's, named after the variant it serves.
+(`variant_parts`, from core/config.py's `VARIANTS`): each swapped part follows the textbook's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtrain.core.config import ModelConfig
+from mtrain.core.config import VARIANTS, ModelConfig
 
 
 def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -297,21 +297,29 @@ class Parts:
     decoder_mask: type[LookAheadMask] = LookAheadMask  # of the decoder's self-attention
 
 
-# Each model.variant (core/config.py's VARIANTS, which says in words what each lacks): one swap.
-PARTS = {
-    "textbook": Parts(),
-    "no-positions": Parts(positions=NoPositions),
-    "learned-positions": Parts(positions=LearnedPositions),
-    "peek": Parts(decoder_mask=PeekingMask),
-    "no-scale": Parts(scaled=False),
-    "no-residual": Parts(connection=WithoutResidual),
-    "no-layernorm": Parts(connection=WithoutLayerNorm, final_norm=False),
+POSITIONS = {"sinusoidal": PositionalEncoding, "learned": LearnedPositions, "none": NoPositions}
+CONNECTIONS = {  # (residual, layernorm) -> the connection around each sublayer
+    (True, True): Residual,
+    (False, True): WithoutResidual,
+    (True, False): WithoutLayerNorm,
 }
+
+
+def variant_parts(variant: str) -> Parts:
+    """The parts of model.variant `variant`, as core/config.py's VARIANTS declares it."""
+    v = VARIANTS[variant]
+    return Parts(
+        positions=POSITIONS[v.positions],
+        scaled=v.scaled,
+        connection=CONNECTIONS[v.residual, v.layernorm],
+        final_norm=v.layernorm,
+        decoder_mask=LookAheadMask if v.look_ahead else PeekingMask,
+    )
 
 
 def final_norm(cfg: ModelConfig) -> nn.Module:
     """The LayerNorm that ends a pre-norm stack (none for post-norm, or without LayerNorm)."""
-    if cfg.norm == "pre" and PARTS[cfg.variant].final_norm:
+    if cfg.norm == "pre" and variant_parts(cfg.variant).final_norm:
         return nn.LayerNorm(cfg.d_model)
     return nn.Identity()
 
@@ -321,7 +329,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre, parts = cfg.norm == "pre", PARTS[cfg.variant]
+        pre, parts = cfg.norm == "pre", variant_parts(cfg.variant)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, parts.scaled)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
         self.residuals = nn.ModuleList(
@@ -403,7 +411,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre, parts = cfg.norm == "pre", PARTS[cfg.variant]
+        pre, parts = cfg.norm == "pre", variant_parts(cfg.variant)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, parts.scaled)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, parts.scaled)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
@@ -492,7 +500,7 @@ class Transformer(nn.Module):
     ):
         super().__init__()
         self.pad_id, self.max_len = pad_id, max_len
-        parts = PARTS[cfg.variant]
+        parts = variant_parts(cfg.variant)
         d = cfg.d_model
         self.src_embed = Embeddings(src_vocab_size, d, parts.positions(d, max_len), cfg.dropout)
         self.tgt_embed = Embeddings(tgt_vocab_size, d, parts.positions(d, max_len), cfg.dropout)

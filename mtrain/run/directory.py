@@ -1,4 +1,5 @@
-"""Run directories: resolved config, tokenizer models, checkpoints (state dicts, never modules)."""
+"""Run directories: resolved config, tokenizer models, checkpoints (state dicts, never modules),
+and the one loader of a run (`load_run`), which translating and a new run's parent both use."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import io
 import os
 import pickle
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +333,27 @@ def load_model(
             f"{path}: does not match the run's config and tokenizer ({reason})"
         ) from None
     return model.to(device).eval(), state["step"]
+
+
+@dataclass
+class LoadedRun:
+    """A run's config, tokenizer and the model of one of its checkpoints (in eval mode)."""
+
+    run_dir: Path
+    cfg: Config
+    tokenizer: Tokenizer
+    model: Transformer
+    checkpoint: Path
+    step: int  # the training step the checkpoint was saved at
+
+
+def load_run(run_dir: Path, device: torch.device, checkpoint: str = BEST) -> LoadedRun:
+    """A run directory's config, tokenizer and checkpoint `checkpoint`'s model on `device`."""
+    cfg = run_config(run_dir)
+    tokenizer = Tokenizer.load(run_dir)
+    path = resolve(run_dir, checkpoint)
+    model, step = load_model(path, cfg, tokenizer, device)
+    return LoadedRun(run_dir, cfg, tokenizer, model, path, step)
 
 
 def latest_run(runs_root: Path) -> Path:

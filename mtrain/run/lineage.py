@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from mtrain.core import config as config_mod
 from mtrain.core.config import POLICIES, Child, Config, ConfigError, effective
@@ -31,10 +30,10 @@ from mtrain.run.directory import (
     EXPORT_MODEL,
     LAST,
     CheckpointError,
-    load_model,
+    load_run,
     peek_checkpoint,
-    resolve,
     run_config,
+    run_record,
 )
 
 log = logging.getLogger(__name__)
@@ -92,13 +91,10 @@ def _read(path: Path) -> Parent:
             f"{run}: a CTranslate2 export, which translates but does not train; name the run "
             "it was exported from"
         )
-    cfg = run_config(run)
     holder = lock_holder(run)
-    tokenizer = Tokenizer.load(run)
-    checkpoint = resolve(run, name)
     # One read of a file replaced whole by each save: the checkpoint as it is at this moment.
-    model, step = load_model(checkpoint, cfg, tokenizer, torch.device("cpu"))
-    weights = model.state_dict()
+    loaded = load_run(run, torch.device("cpu"), name)
+    step, weights = loaded.step, loaded.model.state_dict()
     if holder is not None:
         log.info(
             "%s is being trained now (%s): starting from %s as it is at this moment (update %d)",
@@ -114,7 +110,7 @@ def _read(path: Path) -> Parent:
         "weights": weights_digest(weights),
         PARENT: recorded(run),
     }
-    return Parent(record, weights, tokenizer.protos(), cfg)
+    return Parent(record, weights, loaded.tokenizer.protos(), loaded.cfg)
 
 
 def given_keys(config_path: Path, overrides: list[config_mod.Override]) -> set[tuple[str, str]]:
@@ -133,8 +129,8 @@ def given_keys(config_path: Path, overrides: list[config_mod.Override]) -> set[t
 def inherit(cfg: Config, source: Config, where: str, given: set[tuple[str, str]] | None) -> None:
     """Give `cfg` the keys a run takes from `source` (the parent's config, or the run's own on
     a resume); a key that `given` holds (None: every key) and whose value differs from
-    `source`'s, or a key that must agree and does not, is refused, naming it and both values.
-    The config is checked again with what it took."""
+    `source`'s, or a key that must agree and does not, is refused, naming it and both values,
+    as is a rule that joins keys (config.JOINED). The config is checked again with what it took."""
     for (section, name), policy in POLICIES.items():
         if policy.child is Child.OWN:
             continue
@@ -146,6 +142,9 @@ def inherit(cfg: Config, source: Config, where: str, given: set[tuple[str, str]]
             setattr(mine, name, old)
         else:
             refuse((section, name), new, old, where)
+    for rule in config_mod.JOINED:  # rules that join keys of two sections
+        if (why := rule(cfg, source, where)) is not None:
+            raise ConfigError(f"train.init_from: {why}")
     config_mod.validate(cfg, f"train.init_from: with the model and tokenizer of {where}")
 
 
@@ -202,11 +201,7 @@ def share(cfg: Config, parent: Parent | None, resume: bool, group: Group) -> Par
 def recorded(run_dir: Path) -> dict[str, Any] | None:
     """The parent a run records (its config.yaml's, else its checkpoints': a run whose
     config.yaml was lost or replaced still says where it came from); None: its own weights."""
-    try:
-        record = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        record = None
-    parent = record.get(PARENT) if isinstance(record, dict) else None
+    parent = run_record(run_dir).get(PARENT)
     if is_record(parent):
         return parent
     for name in (LAST, BEST):

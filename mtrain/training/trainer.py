@@ -46,11 +46,12 @@ class RunFileError(MtrainError, OSError):
 
 
 class Interrupted(MtrainError):
-    """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint into `run_dir`."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int, run_dir: Path | None = None):
         super().__init__(f"interrupted at step {step}")
         self.step = step
+        self.run_dir = run_dir
 
 
 @dataclass
@@ -163,7 +164,7 @@ class Trainer:
                 if main:
                     self.checkpoints.save_last(self.state_dict(rng, action is Action.STOP))
                 if action is Action.INTERRUPT:
-                    raise Interrupted(self.step)
+                    raise Interrupted(self.step, self.run_dir)
                 break
             if main:
                 self.validate_and_save(logs, rng)
