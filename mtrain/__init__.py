@@ -115,13 +115,13 @@ def curves(*runs: str | Path) -> Figure:
 
 def lab(
     config: str | Path | None = None,
-    variants: Iterable[str] = (),
+    variants: str | Iterable[str] = (),
     out: str | Path = "labs/lab",
     updates: int | None = None,
     minutes: float | None = None,
-    seeds: Iterable[int] = (),
-    overrides: Iterable[str] = (),
-    probes: Iterable[str] | None = None,
+    seeds: int | Iterable[int] = (),
+    overrides: Mapping[str, Any] | Iterable[str] = (),
+    probes: str | Iterable[str] | None = None,
     preset: str | None = None,
     device: str = "auto",
 ) -> list:
@@ -129,28 +129,60 @@ def lab(
     list of `LabRow`s (variant, seed, updates, minutes, losses, dev BLEU, p-value, run_dir).
 
     `variants` are named ones ("one-head") or your own ("3+1: model.n_encoder_layers=3
-    model.n_decoder_layers=1"). Each run is trained as `mtrain.train` trains; a lab directory
-    that holds runs goes on where it stopped.
+    model.n_decoder_layers=1"); none: the baseline alone, once per seed. A string is one
+    variant, one probe. `overrides` change every run, as `mtrain.train`'s do. Each run is
+    trained as `mtrain.train` trains; a lab directory that holds runs goes on where it stopped.
     """
     from mtrain.commands.train import train_run
+    from mtrain.core.progress import lines_to_stderr
     from mtrain.laboratory.plan import make_lab
     from mtrain.laboratory.runner import run_lab
 
     plan = make_lab(
-        None if config is None else Path(config),
-        list(variants),
+        None if config is None else _path(config, "config"),
+        [variants] if isinstance(variants, str) else list(variants),
         updates,
         minutes,
-        tuple(seeds),
-        tuple(overrides),
-        tuple(probes or ()),
+        (seeds,) if isinstance(seeds, int) else tuple(seeds),
+        tuple(_overrides(overrides)),
+        None if probes is None else (probes,) if isinstance(probes, str) else tuple(probes),
         preset,
     )
 
-    def train(cfg: Path, changes: list[str], run_dir: Path) -> None:
+    def train(cfg: Path, changes: list, run_dir: Path) -> None:
         train_run(cfg, changes, run_dir, device, command=False)
 
-    return run_lab(plan, Path(out), train, device)
+    with lines_to_stderr():
+        return run_lab(plan, _path(out, "out"), train, _check_run, device)
+
+
+def _check_run(config_path: Path, overrides: list, run_dir: Path) -> tuple:
+    """What `mtrain train` checks at a run's start, writing nothing: the run's config as it
+    would train, and the tokenizer its corpus is encoded with where not its own (a parent's)."""
+    import os
+
+    from mtrain.commands.common import resolve_data
+    from mtrain.commands.train import check_resumable, is_run_dir, resumed
+    from mtrain.core import config
+    from mtrain.data.tokenizer import Tokenizer
+    from mtrain.run import lineage
+    from mtrain.training import tensorboard_log
+
+    cfg = config.load(config_path, overrides, require_data=True, run=resumed(run_dir))
+    tensorboard_log.require(cfg.train)
+    resolve_data(cfg, config_path)
+    held = run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir()))
+    if held and not is_run_dir(run_dir):
+        raise OptionError(f"{run_dir}: holds other files and no run")
+    parent = None
+    if cfg.train.init_from:
+        cfg.train.init_from = os.path.abspath(cfg.train.init_from)
+        parent = lineage.start(cfg, run_dir, config_path, overrides)
+    if resumed(run_dir) is not None:
+        check_resumable(run_dir, cfg)
+        if cfg.train.init_from:
+            return cfg, Tokenizer.load(run_dir)
+    return cfg, parent and parent.tokenizer()
 
 
 def __getattr__(name: str) -> Any:

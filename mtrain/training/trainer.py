@@ -124,6 +124,9 @@ class Trainer:
         except OSError as e:  # a full disk, a file system gone read-only
             kept = self.checkpoints.kept()
             raise RunFileError(f"{e.filename or self.run_dir}: {e.strerror}; {kept}") from None
+        # Asked to stop during the last update or validation, now saved: stop what called it.
+        if self.group.broadcast(coordinator.stop_requested):
+            raise Interrupted(self.step)
         return scores.best_bleu
 
     def train_updates(self, logs: RunLog) -> None:
@@ -212,4 +215,5 @@ def kept_on_failure(checkpoints: Checkpoints) -> Iterator[None]:
     try:
         yield
     except (NonFiniteLoss, OutOfMemory) as e:
-        raise type(e)(f"{e}; {checkpoints.kept()}") from None
+        e.args = (f"{e}; {checkpoints.kept()}",)  # its other fields (the step) kept
+        raise e from None
