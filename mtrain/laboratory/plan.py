@@ -85,6 +85,7 @@ class Budget:
         )
 
 
+@dataclass(frozen=True)
 class Preset:
     config: Path  # in the clone mtrain is installed from (configs/ is not in the package)
     budget: Budget

@@ -93,11 +93,9 @@ class Trainer:
         return self.state.state_dict(progress, rng)
 
     def run(self) -> float:
-        """Train until max_steps or the time budget; return the best dev BLEU.
-
-        SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
-        Under torchrun, rank 0 decides when to validate and stop, and tells the others.
-        """
+        """Train until max_steps or the time budget; return the best dev BLEU. SIGINT or SIGTERM,
+        in any update or validation, saves `last.pt` (once that step is done) and raises
+        Interrupted. Under torchrun, rank 0 decides when to validate and stop, and tells all."""
         cfg, main, scores = self.cfg, self.group.is_main, self.state.scores
         finished = self.progress.finished
         trim_logs(self.run_dir, self.step, main)
