@@ -132,11 +132,11 @@ def override_key(override: Override) -> str:
     return (override[0] if isinstance(override, tuple) else override.partition("=")[0]).strip()
 
 
-def refuse_lab_keys(overrides: tuple[Override, ...], where: str) -> None:
+def refuse_lab_keys(overrides: tuple[Override, ...], where: str, keys=tuple(LAB_KEYS)) -> None:
     """Refuse a change of the budget or the seed, which every run of a lab has alike."""
     for override in overrides:
         key = override_key(override)
-        if key in LAB_KEYS:
+        if key in keys:
             raise OptionError(
                 f"{where}: sets {key}, which the lab sets for every run alike (its {LAB_KEYS[key]})"
             )
@@ -211,7 +211,9 @@ class Lab:
         for probe in self.probes:
             if not isinstance(probe, str) or not probe.strip() or "\n" in probe or "\r" in probe:
                 raise OptionError(f"--probe {probe!r}: expected a sentence on one line")
-        refuse_lab_keys(self.overrides, "--set")
+        # at equal time, the config's train.max_steps caps each run: --set may change it
+        budget_keys = {override_key(o) for o in self.budget.overrides()}
+        refuse_lab_keys(self.overrides, "--set", (*budget_keys, "train.seed"))
 
     def runs(self) -> list[LabRun]:
         """Seed by seed, the baseline first: a lab stopped early has whole comparisons."""
