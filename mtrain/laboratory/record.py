@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtrain.core import config
 from mtrain.core.errors import OptionError
 from mtrain.core.files import write_atomic
 from mtrain.laboratory.plan import Lab
@@ -26,9 +27,13 @@ def config_digest(path: Path) -> str:
         raise OptionError(f"--config {path}: {e.strerror}") from None
 
 
-def jsonable(overrides) -> list:
-    """Overrides as JSON holds them: `--set` strings, and (key, value) pairs as lists."""
-    return json.loads(json.dumps([list(o) if isinstance(o, tuple) else o for o in overrides]))
+def jsonable(overrides) -> dict[str, Any]:
+    """What overrides set, as JSON holds it: {"train": {"lr": 0.001}}, whether given as `--set`
+    strings (YAML values) or as (key, value) pairs (the Python API's)."""
+    raw: dict[str, Any] = {}
+    for override in overrides:
+        config.apply_override(raw, override)
+    return json.loads(json.dumps(raw, default=str))
 
 
 @dataclass
@@ -37,7 +42,7 @@ class LabRecord:
 
     asked: dict[str, Any]  # compared at a rerun: config_sha256, budget, overrides, probes
     seeds: list[int]
-    variants: dict[str, list]  # name: its overrides
+    variants: dict[str, dict]  # name: what its overrides set
     config: str  # the path it was given, for people to read
     recipe: list[str] = field(default_factory=list)
     runs: dict[str, dict[str, str]] = field(default_factory=dict)  # name: {"diverged": why}
@@ -81,7 +86,8 @@ class LabRecord:
         for key, name in what.items():
             old, now = self.asked.get(key), new.asked.get(key)
             if old != now:
-                shown = "" if key == "config_sha256" else f": {brief(old)}, now {brief(now)}"
+                shown = f": {brief(key, old)}, now {brief(key, now)}"
+                shown = "" if key == "config_sha256" else shown
                 refuse(lab_dir, f"{name} changed{shown}")
         for name, overrides in new.variants.items():
             if name in self.variants and self.variants[name] != overrides:
@@ -92,8 +98,9 @@ class LabRecord:
         )
 
 
-def brief(value: Any) -> str:
-    if isinstance(value, dict):  # a budget
+def brief(key: str, value: Any) -> str:
+    """A value of lab.json's `asked`, in a few words."""
+    if key == "budget" and isinstance(value, dict):
         return " ".join(f"{v:g} {k}" for k, v in value.items() if v is not None) or "none"
     return json.dumps(value, ensure_ascii=False)[:80]
 

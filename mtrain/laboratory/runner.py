@@ -107,6 +107,7 @@ def run_lab(
         lab = dataclasses.replace(lab, recipe=recipe(lab, configs[runs[0].name][0], speed[0]))
         record.recipe = list(lab.recipe)
         checked(lab, lab_dir, check)  # a run begun before labs chose a recipe may refuse it
+    runs = lab.runs()  # with the recipe
     lab_dir.mkdir(parents=True, exist_ok=True)
     record.write(lab_dir)
     log.info("%s", estimate(lab, len(runs), len(to_train), speed))
