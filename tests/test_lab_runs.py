@@ -309,3 +309,19 @@ def test_a_lab_stopped_by_sigterm_mid_run_resumes_to_the_same_result(
         resumed = load_checkpoint(out / "baseline-seed1" / name)["model"]
         uncut = load_checkpoint(tmp_path / "uncut" / name)["model"]
         assert all(torch.equal(resumed[k], uncut[k]) for k in uncut), name
+
+
+def test_the_api_lab_writes_its_lines_to_stderr_where_it_is_a_file(tmp_path) -> None:
+    script = (
+        "import logging, mtrain\n"
+        "from mtrain.laboratory import runner\n"
+        "def run_lab(*args):\n"
+        "    logging.getLogger('mtrain').info('run 1 of 1: baseline-seed1')\n"
+        "    return []\n"
+        "runner.run_lab = run_lab\n"
+        f"mtrain.lab({str(TINY)!r}, updates=10)\n"
+    )
+    with (tmp_path / "stderr").open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=ENV, stderr=stderr)
+    assert done.returncode == 0
+    assert (tmp_path / "stderr").read_text() == "run 1 of 1: baseline-seed1\n"
