@@ -13,8 +13,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from mtrain.core import config, runtime
-from mtrain.core.config import Config, ConfigError, Override
+from mtrain.core import runtime
+from mtrain.core.config import Config, Override
 from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.files import LOCK_FILE
 from mtrain.data.prepare import prepare, prepared_dir
@@ -49,23 +49,16 @@ CheckRun = Callable[[Path, list[Override], Path], tuple[Config, Tokenizer | None
 OLD_LAB_RUN = re.compile(r".+-seed\d+")
 
 
-def check_runs(lab: Lab) -> None:
-    """Refuse a lab with a bad config or variant before anything is prepared or trained."""
-    for run in lab.runs():
-        try:
-            config.load(lab.config, list(run.overrides), require_data=True)
-        except ConfigError as e:
-            raise ConfigError(f"lab run {run.name}: {e}") from None
-
-
 def checked(lab: Lab, lab_dir: Path, check: CheckRun) -> dict[str, tuple[Config, Tokenizer | None]]:
-    """Every run of the lab checked as its training will check it, before anything trains."""
+    """Every run of the lab checked as its training will check it, before anything is prepared
+    or trained: a bad key, a missing corpus, a parent it cannot be built on."""
     found = {}
     for run in lab.runs():
         try:
             found[run.name] = check(lab.config, list(run.overrides), lab_dir / run.name)
         except MtrainError as e:
-            raise type(e)(f"lab run {run.name}: {e}") from None
+            e.args = (f"lab run {run.name}: {e}",)  # one line, whichever error it is
+            raise e from None
     return found
 
 
@@ -96,7 +89,6 @@ def run_lab(
     if earlier is not None:
         record = earlier.merged(record, lab_dir)
         lab = dataclasses.replace(lab, recipe=tuple(record.recipe))
-    check_runs(lab)
     configs = checked(lab, lab_dir, check)
     diverged = {n: r["diverged"] for n, r in record.runs.items() if "diverged" in r}
     runs = lab.runs()

@@ -4,6 +4,7 @@ updates without a run (scripts/bench_train.py times more, and tells more)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +45,9 @@ def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Gr
 
 def updates_per_second(cfg: Config, device: torch.device, timed: int = 5, warmup: int = 2) -> float:
     """Updates a second a run of `cfg` trains here (its corpus prepared), timed over `timed`
-    updates after `warmup` untimed ones; the validations a run makes are not counted."""
+    updates after `warmup` untimed ones; the validations a run makes are not counted. Eager,
+    even where the run compiles (a compile takes longer than the timing): it errs slow."""
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=False))
     runtime.set_seed(cfg.train.seed)
     runtime.configure(device)
     group = Group()
