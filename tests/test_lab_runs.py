@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,8 +110,11 @@ def test_an_empty_or_multiline_probe_is_refused(probe) -> None:
 
 def test_the_presets_config_is_found_from_any_directory(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    quick = make_lab(None, [], preset="quick")
+    quick = make_lab(None, [], preset="quick", overrides=("train.lr=1e-3",))
     assert quick.config.is_absolute() and quick.config.is_file()
+    corpora = dict(quick.overrides[:4])  # the config's corpora, found in the clone
+    assert Path(corpora["data.train"]).is_file() and Path(corpora["data.dev"]).is_file()
+    assert quick.overrides[4:] == ("train.lr=1e-3",)
     assert quick.budget == QUICK.budget and len(quick.variants) == len(QUICK.variants)
     full = make_lab(None, [], preset="full")
     assert [v.name for v in full.variants] == list(VARIANTS) == list(FULL.variants)

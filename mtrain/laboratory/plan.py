@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtrain.core.config import Override
+from mtrain.core.config import Override, read_config
 from mtrain.core.errors import OptionError
 
 BASELINE = "baseline"
@@ -116,15 +116,24 @@ LAB_KEYS = {
 }
 
 
-def preset_config(preset: Preset) -> Path:
-    """A preset's config in the clone this mtrain runs from, whatever the working directory."""
-    path = Path(__file__).resolve().parents[2] / preset.config
+def preset_config(preset: Preset) -> tuple[Path, tuple[Override, ...]]:
+    """A preset's config in the clone this mtrain runs from, and the overrides that find its
+    corpora there (the config names them relative to the clone), whatever the working
+    directory."""
+    clone = Path(__file__).resolve().parents[2]
+    path = clone / preset.config
     if not path.is_file():
         raise OptionError(
             f"the presets' config {preset.config} is not beside this mtrain ({path.parent} has "
             "none: installed from a package, not a clone); give a lab --config and --updates"
         )
-    return path
+    data = (read_config(path) or {}).get("data") or {}
+    in_clone = tuple(
+        (f"data.{key}", str(clone / value))
+        for key in ("train", "dev", "test", "prepared_dir")
+        if isinstance(value := data.get(key), str) and not Path(value).is_absolute()
+    )
+    return path, in_clone
 
 
 def override_key(override: Override) -> str:
@@ -236,7 +245,10 @@ def preset_lab(name: str, **changes) -> Lab:
         raise OptionError(f"--preset {name!r}: not one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
     given = {k: v for k, v in changes.items() if v}
-    config = given.pop("config", None) or preset_config(preset)
+    config, in_clone = given.pop("config", None), ()
+    if config is None:
+        config, in_clone = preset_config(preset)
+    given["overrides"] = (*in_clone, *given.get("overrides", ()))
     lab = Lab(
         config,
         preset.budget,
