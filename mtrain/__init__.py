@@ -116,13 +116,13 @@ def curves(*runs: str | Path) -> Figure:
 
 def lab(
     config: str | Path | None = None,
-    variants: Iterable[str] = (),
+    variants: str | Iterable[str] = (),
     out: str | Path = "labs/lab",
     updates: int | None = None,
     minutes: float | None = None,
-    seeds: Iterable[int] = (),
-    overrides: Iterable[str] = (),
-    probes: Iterable[str] | None = None,
+    seeds: int | Iterable[int] = (),
+    overrides: Mapping[str, Any] | Iterable[str] = (),
+    probes: str | Iterable[str] | None = None,
     preset: str | None = None,
     device: str = "auto",
 ) -> list:
@@ -130,28 +130,31 @@ def lab(
     list of `LabRow`s (variant, seed, updates, minutes, losses, dev BLEU, p-value, run_dir).
 
     `variants` are named ones ("one-head") or your own ("3+1: model.n_encoder_layers=3
-    model.n_decoder_layers=1"). Each run is trained as `mtrain.train` trains; a lab directory
-    that holds runs goes on where it stopped.
+    model.n_decoder_layers=1"); none: the baseline alone, once per seed. A string is one
+    variant, one probe. `overrides` change every run, as `mtrain.train`'s do. Each run is
+    trained as `mtrain.train` trains; a lab directory that holds runs goes on where it stopped.
     """
+    from mtrain.core.progress import lines_to_stderr
     from mtrain.laboratory.plan import make_lab
     from mtrain.laboratory.runner import run_lab
-    from mtrain.training.start import train_run
+    from mtrain.training.start import check_start, train_run
 
     plan = make_lab(
-        None if config is None else Path(config),
-        list(variants),
+        None if config is None else _path(config, "config"),
+        [variants] if isinstance(variants, str) else list(variants),
         updates,
         minutes,
-        tuple(seeds),
-        tuple(overrides),
-        tuple(probes or ()),
+        (seeds,) if isinstance(seeds, int) else tuple(seeds),
+        tuple(_overrides(overrides)),
+        None if probes is None else (probes,) if isinstance(probes, str) else tuple(probes),
         preset,
     )
 
-    def train(cfg: Path, changes: list[str], run_dir: Path) -> None:
+    def train(cfg: Path, changes: list, run_dir: Path) -> None:
         train_run(cfg, changes, run_dir, device)
 
-    return run_lab(plan, Path(out), train, device)
+    with lines_to_stderr():
+        return run_lab(plan, _path(out, "out"), train, check_start, device)
 
 
 def __getattr__(name: str) -> Any:

@@ -39,18 +39,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from mtrain.core import config, distributed, runtime
 from mtrain.core.config import Config
-from mtrain.core.distributed import Group
 from mtrain.data.pairs import Batch
 from mtrain.data.tokenizer import PAD_ID
-from mtrain.run.directory import build_model
 from mtrain.training import compiled
 from mtrain.training.data import TrainingData
-from mtrain.training.optim import build_optimizer
-from mtrain.training.update_step import LossSettings, UpdateStep, compiled_shapes
+from mtrain.training.speed import update_step
+from mtrain.training.update_step import UpdateStep
 
 
 def forward_flops(cfg: Config, vocab: int, src_len: int, tgt_len: int) -> int:
@@ -114,28 +111,6 @@ def timed_sampling(data: TrainingData) -> list[tuple[float, float]]:
 
     data.sampler.resegment = timed
     return times
-
-
-def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Group) -> UpdateStep:
-    """The update step a run of `cfg` would train with, at step 0."""
-    amp_dtype = runtime.mixed_precision(device, cfg.train.precision)
-    model = build_model(cfg, data.tokenizer).to(device)
-    if group.rank:  # the same initial weights everywhere, other dropout masks
-        torch.manual_seed(cfg.train.seed + group.rank)
-    group.end_startup()
-    optimizer, schedule = build_optimizer(model, cfg.train)
-    return UpdateStep(
-        net=DistributedDataParallel(model) if group.active else model,
-        model=model,
-        optimizer=optimizer,
-        scaler=torch.amp.GradScaler(enabled=amp_dtype == torch.float16),
-        schedule=schedule,
-        group=group,
-        device=device,
-        amp_dtype=amp_dtype,
-        loss=LossSettings.of(cfg.train),
-        compiled_shapes=compiled_shapes(cfg.train, device, data.stream.grid.shapes),
-    )
 
 
 def main() -> None:

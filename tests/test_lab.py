@@ -141,7 +141,7 @@ def test_lab_end_to_end_and_resumed(corpus, tmp_path) -> None:
     )
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("| variant | seed |")  # the table alone on stdout
-    assert "lab 2/2: one-head-seed1" in first.stderr
+    assert "run 2 of 2: one-head-seed1" in first.stderr
     before = {name: stamp(out / name) for name in ("baseline-seed1", "one-head-seed1")}
 
     rows = mtrain.lab(

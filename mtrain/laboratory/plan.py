@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtrain.core.config import VARIANTS as MODEL_VARIANTS
+from mtrain.core.config import Override, read_config
 from mtrain.core.errors import OptionError
 
 BASELINE = "baseline"
@@ -58,8 +60,16 @@ class Budget:
     def __post_init__(self) -> None:
         if (self.updates is None) == (self.minutes is None):
             raise OptionError("give a lab --updates N or --minutes M (one of the two)")
-        if (self.updates or 1) < 1 or (self.minutes or 1) <= 0:
-            raise OptionError("--updates and --minutes must be positive")
+        updates, minutes = self.updates, self.minutes
+        if updates is not None and (type(updates) is not int or updates < 1):
+            raise OptionError(f"--updates {updates!r}: expected a whole number, at least 1")
+        if minutes is not None and not (
+            isinstance(minutes, (int, float))
+            and not isinstance(minutes, bool)
+            and math.isfinite(minutes)
+            and minutes > 0
+        ):
+            raise OptionError(f"--minutes {minutes!r}: expected a number of minutes above 0")
 
     def overrides(self) -> tuple[str, ...]:
         if self.updates is not None:  # the steps, not the machine's speed, end each run
@@ -67,12 +77,14 @@ class Budget:
         return (f"train.max_minutes={self.minutes}",)  # the config's max_steps still caps
 
     def __str__(self) -> str:
-        return f"{self.updates} updates" if self.updates else f"{self.minutes:g} minutes"
+        return (
+            f"{self.updates} updates" if self.updates is not None else f"{self.minutes:g} minutes"
+        )
 
 
 @dataclass(frozen=True)
 class Preset:
-    config: Path
+    config: Path  # in the clone mtrain is installed from (configs/ is not in the package)
     budget: Budget
     variants: tuple[str, ...]
     seeds: tuple[int, ...] = (1,)
@@ -82,19 +94,64 @@ class Preset:
 # configs/default.yaml trains about 3.7 updates/s there (bf16). Besides its updates, a run spends
 # (estimated, not measured) ~5 s starting and ~25 s per greedy pass over the 2,245 dev sentences,
 # of which it makes four: the validations at 500 updates and at the end, the averaged
-# checkpoints', the lab's own; ~105 s. The first run also trains the tokenizers (~60 s).
+# checkpoints', the lab's own; ~105 s. The corpus is prepared once, before the first run (~60 s).
 # 60 s + 7 x (105 s + 550 / 3.7 s) = 1,838 s, 31 minutes: 550 updates a run.
-PRESETS = {
-    "quick": Preset(
-        Path("configs/default.yaml"),
-        Budget(updates=550),
-        ("no-positions", "peek", "no-scale", "no-residual", "no-layernorm", "one-head"),
-    ),
+QUICK = Preset(
+    Path("configs/default.yaml"),
+    Budget(updates=550),
+    ("no-positions", "peek", "no-scale", "no-residual", "no-layernorm", "one-head"),
+)
+# full: every named variant, two seeds: 24 runs of 2,000 updates. Estimated, not measured: at
+# ~1.5 updates/s (2 fp32 cores) 24 x (2,000 / 1.5 + 105) s = 9.6 hours; ~4.3 hours at 3.7 (bf16).
+FULL = Preset(Path("configs/default.yaml"), Budget(updates=2000), tuple(VARIANTS), (1, 2))
+PRESETS = {"quick": QUICK, "full": FULL}
+# the keys a lab sets for every run alike: no variant or --set may change them
+LAB_KEYS = {
+    "train.max_steps": "--updates",
+    "train.max_minutes": "--minutes",
+    "train.seed": "--seeds",
 }
+
+
+def preset_config(preset: Preset) -> tuple[Path, tuple[Override, ...]]:
+    """A preset's config in the clone this mtrain runs from, and the overrides that find its
+    corpora there (the config names them relative to the clone), whatever the working
+    directory."""
+    clone = Path(__file__).resolve().parents[2]
+    path = clone / preset.config
+    if not path.is_file():
+        raise OptionError(
+            f"the presets' config {preset.config} is not beside this mtrain ({path.parent} has "
+            "none: installed from a package, not a clone); give a lab --config and --updates"
+        )
+    data = (read_config(path) or {}).get("data") or {}
+    in_clone = tuple(
+        (f"data.{key}", str(clone / value))
+        for key in ("train", "dev", "test", "prepared_dir")
+        if isinstance(value := data.get(key), str) and not Path(value).is_absolute()
+    )
+    return path, in_clone
+
+
+def override_key(override: Override) -> str:
+    """The key a `--set` string (KEY=VALUE) or a (key, value) pair changes."""
+    return (override[0] if isinstance(override, tuple) else override.partition("=")[0]).strip()
+
+
+def refuse_lab_keys(overrides: tuple[Override, ...], where: str, keys=tuple(LAB_KEYS)) -> None:
+    """Refuse a change of the budget or the seed, which every run of a lab has alike."""
+    for override in overrides:
+        key = override_key(override)
+        if key in keys:
+            raise OptionError(
+                f"{where}: sets {key}, which the lab sets for every run alike (its {LAB_KEYS[key]})"
+            )
 
 
 def parse_variant(text: str) -> Variant:
     """A named variant (`one-head`), or `NAME: KEY=VALUE KEY=VALUE ...`, a variant of one's own."""
+    if not isinstance(text, str):
+        raise OptionError(f"variant {text!r}: expected a string such as 'one-head'")
     name, colon, rest = text.partition(":")
     name = name.strip()
     if not colon:
@@ -110,8 +167,13 @@ def parse_variant(text: str) -> Variant:
             f"variant {text!r}: its name must be letters, digits, '.', '_', '+' or '-' "
             f"(and not {BASELINE!r})"
         )
+    if name in VARIANTS:
+        raise OptionError(
+            f"variant {text!r}: {name!r} is a named variant's name; give yours another"
+        )
     if not overrides or not all("=" in o for o in overrides):
         raise OptionError(f"variant {text!r}: expected 'NAME: KEY=VALUE ...' after the colon")
+    refuse_lab_keys(overrides, f"variant {name!r}")
     return Variant(name, overrides)
 
 
@@ -122,7 +184,7 @@ class LabRun:
     variant: str
     seed: int
     changes: tuple[str, ...]  # the variant's own, from the baseline
-    overrides: tuple[str, ...]  # every change from the config file, the seed's included
+    overrides: tuple[Override, ...]  # every change from the config file, the seed's included
 
     @property
     def name(self) -> str:
@@ -134,11 +196,12 @@ class Lab:
     """A baseline config and its variants, each trained once per seed within a budget."""
 
     config: Path
-    variants: tuple[Variant, ...]
     budget: Budget
+    variants: tuple[Variant, ...] = ()
     seeds: tuple[int, ...] = (1,)
-    overrides: tuple[str, ...] = ()  # every run's, the baseline's too
+    overrides: tuple[Override, ...] = ()  # every run's, the baseline's too
     probes: tuple[str, ...] = PROBES
+    recipe: tuple[str, ...] = ()  # what the budget recipe chose, once for every run
 
     def __post_init__(self) -> None:
         names = [v.name for v in self.variants]
@@ -147,12 +210,20 @@ class Lab:
             raise OptionError(f"variant {sorted(twice)[0]!r} named twice")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise OptionError("--seeds: name each seed once")
+        if not all(type(s) is int and s >= 0 for s in self.seeds):
+            raise OptionError(f"--seeds {self.seeds}: expected whole numbers, 0 or more")
         if not self.probes:
             raise OptionError("a lab needs at least one probe sentence")
+        for probe in self.probes:
+            if not isinstance(probe, str) or not probe.strip() or "\n" in probe or "\r" in probe:
+                raise OptionError(f"--probe {probe!r}: expected a sentence on one line")
+        # at equal time, the config's train.max_steps caps each run: --set may change it
+        budget_keys = {override_key(o) for o in self.budget.overrides()}
+        refuse_lab_keys(self.overrides, "--set", (*budget_keys, "train.seed"))
 
     def runs(self) -> list[LabRun]:
         """Seed by seed, the baseline first: a lab stopped early has whole comparisons."""
-        common = (*self.overrides, *self.budget.overrides())
+        common = (*self.overrides, *self.budget.overrides(), *self.recipe)
         return [
             LabRun(
                 variant.name,
@@ -166,17 +237,22 @@ class Lab:
 
 
 def preset_lab(name: str, **changes) -> Lab:
-    """The lab a preset names, with the given fields (None: the preset's own) changed."""
+    """The lab a preset names, with the given fields (None or empty: the preset's own)."""
     if name not in PRESETS:
         raise OptionError(f"--preset {name!r}: not one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
+    given = {k: v for k, v in changes.items() if v}
+    config, in_clone = given.pop("config", None), ()
+    if config is None:
+        config, in_clone = preset_config(preset)
+    given["overrides"] = (*in_clone, *given.get("overrides", ()))
     lab = Lab(
-        preset.config,
-        tuple(parse_variant(v) for v in preset.variants),
+        config,
         preset.budget,
+        tuple(parse_variant(v) for v in preset.variants),
         preset.seeds,
     )
-    return dataclasses.replace(lab, **{k: v for k, v in changes.items() if v})
+    return dataclasses.replace(lab, **given)
 
 
 def make_lab(
@@ -185,25 +261,33 @@ def make_lab(
     updates: int | None = None,
     minutes: float | None = None,
     seeds: tuple[int, ...] = (),
-    overrides: tuple[str, ...] = (),
-    probes: tuple[str, ...] = (),
+    overrides: tuple[Override, ...] = (),
+    probes: tuple[str, ...] | None = None,
     preset: str | None = None,
 ) -> Lab:
-    """A lab from the options of `mtrain lab` (a preset's, where it names one and they do not)."""
+    """A lab from the options of `mtrain lab` (a preset's, where it names one and they do not).
+    No variants: the baseline alone, trained once per seed (the seeds' spread)."""
     budget = None if updates is None and minutes is None else Budget(updates, minutes)
     parsed = tuple(parse_variant(v) for v in variants)
-    changes = dict(
-        config=config,
-        variants=parsed,
-        budget=budget,
-        seeds=tuple(seeds),
-        overrides=tuple(overrides),
-        probes=tuple(probes),
-    )
     if preset is not None:
-        return preset_lab(preset, **changes)
+        return preset_lab(
+            preset,
+            config=config,
+            variants=parsed,
+            budget=budget,
+            seeds=tuple(seeds),
+            overrides=tuple(overrides),
+            probes=tuple(probes or ()),
+        )
     if config is None:
         raise OptionError("give a lab --config (the baseline's) or a --preset")
     if budget is None:
         raise OptionError("give a lab --updates N or --minutes M (one of the two)")
-    return Lab(**{k: v for k, v in changes.items() if v})
+    return Lab(
+        config,
+        budget,
+        parsed,
+        tuple(seeds) or (1,),
+        tuple(overrides),
+        PROBES if probes is None else tuple(probes),
+    )

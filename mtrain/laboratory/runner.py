@@ -1,46 +1,189 @@
-"""Running a lab: each run trained (or resumed, or left as it is), then measured and reported."""
+"""Running a lab: every run checked and its corpus prepared before anything trains, the
+recipe chosen once for all, each run trained (or resumed, or left as it is), then measured and
+reported; a run that diverges is recorded and the lab goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import re
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from mtrain.core import config
-from mtrain.core.config import ConfigError
+from mtrain.core import runtime
+from mtrain.core.config import Config, Override
+from mtrain.core.errors import MtrainError, OptionError
+from mtrain.core.files import LOCK_FILE
+from mtrain.data.prepare import prepare, prepared_dir
+from mtrain.data.tokenizer import Tokenizer
 from mtrain.decoding.loaded import open_run
 from mtrain.figures.attention import Attention
 from mtrain.laboratory.plan import Lab, LabRun
+from mtrain.laboratory.record import LAB_FILE, LabRecord
 from mtrain.laboratory.report import Report, draw_figures, write_html, write_markdown
 from mtrain.laboratory.results import LabRow, measure
-from mtrain.run.directory import BEST, LAST, finished_record
+from mtrain.run.directory import (
+    BEST,
+    CONFIG_FILE,
+    LAST,
+    CheckpointError,
+    finished_record,
+    peek_checkpoint,
+)
+from mtrain.training.budget_recipe import Choice
+from mtrain.training.speed import updates_per_second
+from mtrain.training.update_step import NonFiniteLoss
 
 log = logging.getLogger("mtrain")
 
 # Trains one run as `mtrain train --config CONFIG --set ... --out RUN_DIR` does: resumes a run
 # directory that holds a checkpoint, and has nothing to do in a finished one.
-TrainRun = Callable[[Path, list[str], Path], object]
+TrainRun = Callable[[Path, list[Override], Path], object]
+# Checks one run as `mtrain train` does at its start, writing nothing; returns its config as it
+# would train (data paths resolved, a parent's sections given) and the tokenizer its corpus is
+# encoded with where it is not its own (a parent's), or raises an MtrainError.
+CheckRun = Callable[[Path, list[Override], Path], tuple[Config, Tokenizer | None]]
+OLD_LAB_RUN = re.compile(r".+-seed\d+")
 
 
-def check_runs(lab: Lab) -> None:
-    """Refuse a lab with a bad config or variant before anything is trained."""
+def checked(lab: Lab, lab_dir: Path, check: CheckRun) -> dict[str, tuple[Config, Tokenizer | None]]:
+    """Every run of the lab checked as its training will check it, before anything is prepared
+    or trained: a bad key, a missing corpus, a parent it cannot be built on."""
+    found = {}
     for run in lab.runs():
         try:
-            config.load(lab.config, list(run.overrides), require_data=True)
-        except ConfigError as e:
-            raise ConfigError(f"lab run {run.name}: {e}") from None
+            found[run.name] = check(lab.config, list(run.overrides), lab_dir / run.name)
+        except MtrainError as e:
+            e.args = (f"lab run {run.name}: {e}",)  # one line, whichever error it is
+            raise e from None
+    return found
 
 
-def run_lab(lab: Lab, lab_dir: Path, train: TrainRun, device: str = "auto") -> list[LabRow]:
+def check_out(lab_dir: Path) -> None:
+    """Refuse a lab directory that is a run's, or a folder of other files (an empty one, or one
+    a lab began before labs kept lab.json, is fine)."""
+    if lab_dir.exists() and not lab_dir.is_dir():
+        raise OptionError(f"--out {lab_dir}: exists and is not a directory")
+    if not lab_dir.is_dir() or (lab_dir / LAB_FILE).is_file():
+        return
+    if (lab_dir / CONFIG_FILE).is_file() or (lab_dir / LOCK_FILE).is_file():
+        raise OptionError(f"--out {lab_dir}: a run's directory, not a lab's; use another --out")
+    entries = list(lab_dir.iterdir())
+    older = any(OLD_LAB_RUN.fullmatch(e.name) and (e / CONFIG_FILE).is_file() for e in entries)
+    if entries and not older:
+        raise OptionError(f"--out {lab_dir}: holds other files and no lab; use a new or empty one")
+
+
+def run_lab(
+    lab: Lab, lab_dir: Path, train: TrainRun, check: CheckRun, device: str = "auto"
+) -> list[LabRow]:
     """Train every run of `lab` into LAB_DIR/<variant>-seed<k> in turn, then write the report;
     return its table. Runs a stopped lab had finished are left as they are, the one it was
-    training resumes."""
-    check_runs(lab)
+    training resumes; one that diverged is not trained again."""
+    check_out(lab_dir)
+    record = LabRecord.of(lab)
+    earlier = LabRecord.read(lab_dir)
+    if earlier is not None:
+        record = earlier.merged(record, lab_dir)
+        lab = dataclasses.replace(lab, recipe=tuple(record.recipe))
+    configs = checked(lab, lab_dir, check)
+    diverged = {n: r["diverged"] for n, r in record.runs.items() if "diverged" in r}
     runs = lab.runs()
+    to_train = [r for r in runs if r.name not in diverged and not finished(lab_dir / r.name)]
+    prepare_corpora([configs[r.name] for r in to_train])
+    speed = lab_speed(lab, lab_dir, configs[runs[0].name][0], device) if to_train else None
+    if not lab.recipe and speed is not None:
+        lab = dataclasses.replace(lab, recipe=recipe(lab, configs[runs[0].name][0], speed[0]))
+        record.recipe = list(lab.recipe)
+        checked(lab, lab_dir, check)  # a run begun before labs chose a recipe may refuse it
+    runs = lab.runs()  # with the recipe
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    record.write(lab_dir)
+    log.info("%s", estimate(lab, len(runs), len(to_train), speed))
     for number, run in enumerate(runs, 1):
-        train_one(run, number, len(runs), lab, lab_dir, train)
-    return report(lab, lab_dir, device)
+        if run.name in diverged:
+            log.info(
+                "run %d of %d: %s %s before: not trained again",
+                number,
+                len(runs),
+                run.name,
+                diverged[run.name],
+            )
+            continue
+        try:
+            train_one(run, number, len(runs), lab, lab_dir, train)
+        except NonFiniteLoss as e:
+            diverged[run.name] = f"diverged at step {e.step}: loss not finite"
+            log.warning("run %d of %d: %s %s", number, len(runs), run.name, diverged[run.name])
+            record.runs[run.name] = {"diverged": diverged[run.name]}
+            record.write(lab_dir)
+    names = {r.name for r in runs}
+    return report(lab, lab_dir, device, {n: d for n, d in diverged.items() if n in names})
+
+
+def finished(run_dir: Path) -> bool:
+    return finished_record(run_dir / LAST) is not None
+
+
+def prepare_corpora(configs: list[tuple[Config, Tokenizer | None]]) -> None:
+    """Prepare the runs' corpora (train their tokenizers) now, before the first run's clock
+    starts: otherwise the first run of each corpus pays the time, which a time budget counts."""
+    seen = set()
+    for cfg, tokenizer in configs:
+        where = prepared_dir(cfg, tokenizer)
+        if where not in seen:
+            seen.add(where)
+            prepare(cfg, tokenizer=tokenizer)
+
+
+def lab_speed(lab: Lab, lab_dir: Path, cfg: Config, device: str) -> tuple[float, str]:
+    """Updates a second here, and how they were found: as the lab's finished runs trained
+    (their validations included), or else timed on a few updates of the baseline."""
+    steps = seconds = 0.0
+    for run in lab.runs():
+        if finished(lab_dir / run.name):
+            try:
+                state = peek_checkpoint(lab_dir / run.name / LAST)
+            except CheckpointError:
+                continue
+            steps, seconds = steps + state["step"], seconds + 60 * state.get("minutes", 0.0)
+    if steps and seconds > 0:
+        return steps / seconds, "as this lab's finished runs trained"
+    torch_device = runtime.pick_device(device)
+    return updates_per_second(cfg, torch_device), "measured here"
+
+
+def recipe(lab: Lab, cfg: Config, speed: float) -> tuple[str, ...]:
+    """What the budget recipe chooses, once for every run of the lab: the baseline config's
+    rule at the budget's updates (at equal time, the updates the measured speed reaches)."""
+    dropout = cfg.model.dropout
+    if cfg.train.short_run_updates:
+        if lab.budget.updates is not None:
+            planned = lab.budget.updates
+        else:
+            planned = min(cfg.train.max_steps, math.floor(speed * 60 * lab.budget.minutes))
+        dropout = Choice.of(cfg, planned).dropout
+    return (f"model.dropout={dropout!r}", "train.short_run_updates=0")
+
+
+def estimate(lab: Lab, total: int, left: int, speed: tuple[float, str] | None) -> str:
+    """The lab's plan in one line, and when it ends at the speed found."""
+    budget = lab.budget
+    head = f"lab: {total} runs of {budget}"
+    if speed is None or not left:
+        return f"{head}; all trained"
+    rate, how = speed
+    per_run = budget.updates / rate if budget.updates is not None else 60 * budget.minutes
+    seconds = left * per_run
+    ends = datetime.now() + timedelta(seconds=seconds)
+    todo = f" ({left} to train)" if left < total else ""
+    return (
+        f"{head}{todo}; about {seconds / 60:.0f} min at {rate:.1f} updates/s {how}; "
+        f"ends about {ends:%H:%M}"
+    )
 
 
 def train_one(
@@ -49,19 +192,20 @@ def train_one(
     run_dir = lab_dir / run.name
     state = (
         "finished"
-        if finished_record(run_dir / LAST)
+        if finished(run_dir)
         else ("resuming" if (run_dir / LAST).is_file() else "training")
     )
     what = " ".join(run.changes) or "the baseline"
-    log.info("lab %d/%d: %s (%s; %s): %s", number, total, run.name, what, lab.budget, state)
+    log.info("run %d of %d: %s (%s; %s): %s", number, total, run.name, what, lab.budget, state)
     start = time.monotonic()
     train(lab.config, list(run.overrides), run_dir)
-    log.info(
-        "lab %d/%d: %s done in %.1f min", number, total, run.name, (time.monotonic() - start) / 60
-    )
+    minutes = (time.monotonic() - start) / 60
+    log.info("run %d of %d: %s done in %.1f min", number, total, run.name, minutes)
 
 
-def report(lab: Lab, lab_dir: Path, device: str = "auto") -> list[LabRow]:
+def report(
+    lab: Lab, lab_dir: Path, device: str = "auto", diverged: dict[str, str] | None = None
+) -> list[LabRow]:
     """Measure the lab's trained runs and write its report; return the table's rows."""
     rows, found = measure(lab.runs(), lab_dir, lab.probes, device)
     if not rows:

@@ -80,6 +80,30 @@ def train_run(
     return (run_dir if group.is_main else None), best
 
 
+def check_start(config_path: Path, overrides: list, run_dir: Path) -> tuple:
+    """What `mtrain train` checks at a run's start, writing nothing: the run's config as it
+    would train, and the tokenizer its corpus is encoded with where not its own (a parent's)."""
+    from mtrain.data.tokenizer import Tokenizer
+    from mtrain.run import lineage
+    from mtrain.training import tensorboard_log
+
+    cfg = config.load(config_path, overrides, require_data=True, run=resumed(run_dir))
+    tensorboard_log.require(cfg.train)
+    resolve_data(cfg, config_path)
+    held = run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir()))
+    if held and not is_run_dir(run_dir):
+        raise OptionError(f"{run_dir}: holds other files and no run")
+    parent = None
+    if cfg.train.init_from:
+        cfg.train.init_from = os.path.abspath(cfg.train.init_from)
+        parent = lineage.start(cfg, run_dir, config_path, overrides)
+    if resumed(run_dir) is not None:
+        check_resumable(run_dir, cfg)
+        if cfg.train.init_from:
+            return cfg, Tokenizer.load(run_dir)
+    return cfg, parent and parent.tokenizer()
+
+
 def run_training(
     cfg: Config,
     run_dir: Path,

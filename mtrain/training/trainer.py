@@ -94,11 +94,9 @@ class Trainer:
         return self.state.state_dict(progress, rng)
 
     def run(self) -> float:
-        """Train until max_steps or the time budget; return the best dev BLEU.
-
-        SIGINT or SIGTERM saves `last.pt` at the next step boundary and raises Interrupted.
-        Under torchrun, rank 0 decides when to validate and stop, and tells the others.
-        """
+        """Train until max_steps or the time budget; return the best dev BLEU. SIGINT or SIGTERM,
+        in any update or validation, saves `last.pt` (once that step is done) and raises
+        Interrupted. Under torchrun, rank 0 decides when to validate and stop, and tells all."""
         cfg, main, scores = self.cfg, self.group.is_main, self.state.scores
         finished = self.progress.finished
         trim_logs(self.run_dir, self.step, main)
@@ -125,6 +123,9 @@ class Trainer:
         except OSError as e:  # a full disk, a file system gone read-only
             kept = self.checkpoints.kept()
             raise RunFileError(f"{e.filename or self.run_dir}: {e.strerror}; {kept}") from None
+        # Asked to stop during the last update or validation, now saved: stop what called it.
+        if self.group.broadcast(coordinator.stop_requested):
+            raise Interrupted(self.step)
         return scores.best_bleu
 
     def train_updates(self, logs: RunLog) -> None:
@@ -213,4 +214,5 @@ def kept_on_failure(checkpoints: Checkpoints) -> Iterator[None]:
     try:
         yield
     except (NonFiniteLoss, OutOfMemory) as e:
-        raise type(e)(f"{e}; {checkpoints.kept()}") from None
+        e.args = (f"{e}; {checkpoints.kept()}",)  # its other fields (the step) kept
+        raise e from None

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 class NonFiniteLoss(MtrainError, RuntimeError):
     """The loss became NaN or infinite; the message names the step."""
 
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step  # the update whose loss was not finite
+
 
 class OutOfMemory(MtrainError, RuntimeError):
     """A process of several ran out of memory: it cannot skip an update the others train on."""
@@ -189,7 +193,8 @@ class UpdateStep:
         as_double = [torch.as_tensor(v, dtype=torch.float64, device=self.device) for v in values]
         step, loss, *read = torch.stack(as_double).tolist()  # (2 + len(logged),) read once
         if step:
-            raise NonFiniteLoss(f"step {int(step)}: the loss is {loss}; training stopped")
+            message = f"step {int(step)}: the loss is {loss}; training stopped"
+            raise NonFiniteLoss(message, int(step))
         return read
 
     def batch_loss(

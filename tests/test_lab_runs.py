@@ -1,0 +1,331 @@
+"""How a lab trains its runs: refused plans, every run checked and the corpus prepared before
+anything trains, one recipe for all, lab.json, a diverging run recorded and passed over, a stop
+signal that stops the lab, the budget honoured, a lab interrupted mid-run and resumed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import mtrain
+from mtrain.core.errors import MtrainError, OptionError
+from mtrain.laboratory import runner
+from mtrain.laboratory.plan import (
+    FULL,
+    PROBES,
+    QUICK,
+    VARIANTS,
+    Budget,
+    Lab,
+    make_lab,
+    parse_variant,
+)
+from mtrain.laboratory.record import LAB_FILE, LabRecord
+from mtrain.run.directory import LAST, finished_record, load_checkpoint, peek_checkpoint
+from mtrain.training.build import build_trainer
+from mtrain.training.trainer import Interrupted
+
+from .console import mtrain as mtrain_command
+from .synthetic import REPO, small_config
+from .test_train import CPU, scripted
+
+TINY = REPO / "configs" / "tiny.yaml"
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def sets(corpus: dict[str, str], **more) -> dict[str, object]:
+    """The lab's common overrides: the tiny config on the synthetic corpus."""
+    keys = {f"data.{k}": v for k, v in corpus.items()}
+    keys.update({"tokenizer.vocab_size": 300, "tokenizer.character_coverage": 1.0})
+    keys.update({"train.eval_every": 10, "train.batch_tokens": 256})
+    return {**keys, **more}
+
+
+def as_options(overrides: dict[str, object]) -> list[str]:
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [dict(updates=0), dict(minutes=0), dict(minutes=-1.0), dict(updates=-3), dict(updates=True)],
+)
+def test_a_budget_of_nothing_is_refused_in_one_line(budget) -> None:
+    with pytest.raises(OptionError) as refused:
+        Budget(**budget)
+    assert len(str(refused.value).splitlines()) == 1
+
+
+def test_a_budget_says_what_it_is() -> None:
+    assert str(Budget(updates=550)) == "550 updates"
+    assert str(Budget(minutes=0.05)) == "0.05 minutes"
+    assert Budget(minutes=0.05).overrides() == ("train.max_minutes=0.05",)
+
+
+def test_a_baseline_only_lab_is_one_run_a_seed() -> None:
+    lab = make_lab(TINY, [], updates=30, seeds=(1, 2))
+    assert lab.variants == ()
+    assert [r.name for r in lab.runs()] == ["baseline-seed1", "baseline-seed2"]
+
+
+@pytest.mark.parametrize(
+    "variant, says",
+    [
+        ("long: train.max_steps=5000", "variant 'long': sets train.max_steps"),
+        ("slow: train.max_minutes=60", "variant 'slow': sets train.max_minutes"),
+        ("lucky: train.seed=7", "variant 'lucky': sets train.seed"),
+        ("one-head: model.n_heads=2", "'one-head' is a named variant's name"),
+        ("baseline: model.n_heads=2", "and not 'baseline'"),
+    ],
+)
+def test_a_variant_may_not_change_the_budget_the_seed_or_take_a_name(variant, says) -> None:
+    with pytest.raises(OptionError, match=re.escape(says)):
+        parse_variant(variant)
+
+
+def test_common_overrides_may_not_change_the_budget_or_the_seed() -> None:
+    with pytest.raises(OptionError, match=r"--set: sets train\.seed"):
+        make_lab(TINY, [], updates=30, overrides=("train.seed=3",))
+    with pytest.raises(OptionError, match=r"--set: sets train\.max_steps"):
+        make_lab(TINY, [], updates=30, overrides=(("train.max_steps", 9),))
+    # at equal time the config's max_steps caps each run, and may be raised for all
+    make_lab(TINY, [], minutes=1.0, overrides=("train.max_steps=100000",))
+
+
+@pytest.mark.parametrize("probe", ["", "  ", "我打他\n他打我"])
+def test_an_empty_or_multiline_probe_is_refused(probe) -> None:
+    with pytest.raises(OptionError, match="--probe"):
+        make_lab(TINY, [], updates=30, probes=(probe,))
+
+
+def test_the_presets_config_is_found_from_any_directory(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    quick = make_lab(None, [], preset="quick", overrides=("train.lr=1e-3",))
+    assert quick.config.is_absolute() and quick.config.is_file()
+    corpora = dict(quick.overrides[:4])  # the config's corpora, found in the clone
+    assert Path(corpora["data.train"]).is_file() and Path(corpora["data.dev"]).is_file()
+    assert quick.overrides[4:] == ("train.lr=1e-3",)
+    assert quick.budget == QUICK.budget and len(quick.variants) == len(QUICK.variants)
+    full = make_lab(None, [], preset="full")
+    assert [v.name for v in full.variants] == list(VARIANTS) == list(FULL.variants)
+    assert full.seeds == (1, 2) and full.budget == Budget(updates=2000)
+
+
+def test_the_api_takes_one_string_as_one_probe_and_one_variant(monkeypatch) -> None:
+    asked = {}
+
+    def run_lab(plan, out, train, check, device):
+        asked.update(plan=plan, out=out)
+        return []
+
+    monkeypatch.setattr(runner, "run_lab", run_lab)
+    mtrain.lab(
+        TINY,
+        "one-head",
+        updates=10,
+        probes="我打他",
+        overrides={"data.train": "corpus #2.tsv", "train.lr": 1e-3},
+    )
+    plan = asked["plan"]
+    assert plan.probes == ("我打他",)
+    assert [v.name for v in plan.variants] == ["one-head"]
+    assert plan.overrides == (("data.train", "corpus #2.tsv"), ("train.lr", 1e-3))
+    assert mtrain.lab(TINY, updates=10) == [] and asked["plan"].probes == PROBES
+
+
+def test_the_lab_directory_must_be_a_labs(tmp_path, corpus) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {}\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    for out, says in ((run, "a run's directory"), (mine, "holds other files and no lab")):
+        with pytest.raises(OptionError, match=says):
+            mtrain.lab(TINY, updates=10, out=out, overrides=sets(corpus))
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    runner.check_out(empty)  # an empty directory is fine
+
+
+def test_a_rerun_asked_otherwise_is_refused_naming_the_change(tmp_path) -> None:
+    lab = make_lab(TINY, ["one-head"], updates=10, probes=("我打他",))
+    LabRecord.of(lab).write(tmp_path)
+    changed = {
+        "the budget changed: 10 updates, now 20 updates": dict(updates=20),
+        "the probes changed": dict(updates=10, probes=("他打我",)),
+        "the common --set changed": dict(updates=10, overrides=("train.lr=1e-3",)),
+    }
+    for says, options in changed.items():
+        other = make_lab(TINY, ["one-head"], **{"probes": ("我打他",), **options})
+        with pytest.raises(OptionError, match=re.escape(says)) as refused:
+            LabRecord.read(tmp_path).merged(LabRecord.of(other), tmp_path)
+        assert "use another --out" in str(refused.value)
+    text = tmp_path / "tiny.yaml"
+    text.write_text(TINY.read_text() + "# edited\n")
+    with pytest.raises(OptionError, match=r"the text of .*tiny\.yaml changed"):
+        other = Lab(text, Budget(updates=10), lab.variants, probes=("我打他",))
+        LabRecord.read(tmp_path).merged(LabRecord.of(other), tmp_path)
+    # More seeds and variants go on, and are remembered.
+    more = make_lab(TINY, ["one-head", "peek"], updates=10, seeds=(1, 2), probes=("我打他",))
+    merged = LabRecord.read(tmp_path).merged(LabRecord.of(more), tmp_path)
+    assert merged.seeds == [1, 2] and list(merged.variants) == ["one-head", "peek"]
+
+
+def test_the_recipe_is_chosen_once_for_the_lab_from_the_budget(corpus) -> None:
+    cfg = small_config(corpus, short_run_updates=1000, short_run_dropout=0.05, max_steps=5000)
+    at_updates = make_lab(TINY, [], updates=999)
+    assert runner.recipe(at_updates, cfg, 1.0) == (
+        "model.dropout=0.05",
+        "train.short_run_updates=0",
+    )
+    assert runner.recipe(make_lab(TINY, [], updates=1000), cfg, 1.0)[0] == "model.dropout=0.1"
+    # at equal time, from the updates the measured speed reaches in the budget
+    at_time = make_lab(TINY, [], minutes=1.0)
+    assert runner.recipe(at_time, cfg, 10.0)[0] == "model.dropout=0.05"  # 600 planned
+    assert runner.recipe(at_time, cfg, 20.0)[0] == "model.dropout=0.1"  # 1,200 planned
+
+
+def test_every_run_is_checked_before_anything_trains(corpus, tmp_path) -> None:
+    """A variant built on a run that is not there fails before the baseline trains."""
+    out = tmp_path / "lab"
+    kid = f"kid: train.init_from={tmp_path / 'no-such-run'}"
+    with pytest.raises(MtrainError, match=r"lab run kid-seed1: train\.init_from: .*no such run"):
+        mtrain.lab(TINY, [kid], out, updates=10, overrides=sets(corpus), device="cpu")
+    assert not out.exists()
+
+
+def test_a_stop_signal_in_the_last_validation_interrupts_after_saving(corpus, tmp_path) -> None:
+    """SIGTERM while the last step validates: the run is saved (and finished), and training
+    raises Interrupted, so that what called it (a lab) stops too."""
+    cfg = small_config(corpus, max_steps=4, eval_every=100)
+
+    class Stopped(scripted([1.0])):
+        def __call__(self, step):
+            signal.raise_signal(signal.SIGTERM)  # its handler runs before this returns
+            return super().__call__(step)
+
+    trainer = build_trainer(cfg, tmp_path, CPU, make_validator=Stopped)
+    with pytest.raises(Interrupted, match="interrupted at step 4"):
+        trainer.run()
+    assert peek_checkpoint(tmp_path / LAST)["step"] == 4
+    assert finished_record(tmp_path / LAST) is not None  # a rerun has nothing to do
+
+
+def test_a_diverging_variant_is_a_row_and_the_lab_goes_on(corpus, tmp_path, caplog) -> None:
+    out = tmp_path / "lab"
+    common = sets(
+        corpus,
+        **{"data.prepared_dir": str(tmp_path / "prepared"), "train.dev_examples": 0},
+        **{"model.dropout": 0.3, "train.short_run_updates": 1000, "train.short_run_dropout": 0.05},
+    )
+    boom = "boom: train.lr=1e3 model.variant=no-layernorm"
+    caplog.set_level("INFO")
+    options = dict(updates=10, overrides=common, probes=["我打他"], device="cpu")
+    rows = mtrain.lab(TINY, [boom, "one-head"], out, **options)
+    assert [r.variant for r in rows] == ["baseline", "one-head"]
+    log = caplog.text
+    diverged = re.search(r"run 2 of 3: boom-seed1 (diverged at step \d+: loss not finite)", log)
+    assert diverged, log
+    record = json.loads((out / LAB_FILE).read_text())
+    assert record["runs"] == {"boom-seed1": {"diverged": diverged.group(1)}}
+    assert (out / "report.md").is_file()
+    # The corpus was prepared, and the speed measured, before the first run's clock started.
+    assert log.index("prepared ") < log.index("run 1 of 3: baseline-seed1")
+    assert re.search(
+        r"lab: 3 runs of 10 updates; about \d+ min at [\d.]+ updates/s measured here; "
+        r"ends about \d\d:\d\d",
+        log,
+    )
+    # One recipe for every run, recorded: 10 updates are short of 1,000.
+    assert record["recipe"] == ["model.dropout=0.05", "train.short_run_updates=0"]
+    for name in ("baseline-seed1", "one-head-seed1", "boom-seed1"):
+        written = yaml.safe_load((out / name / "config.yaml").read_text())
+        assert written["model"]["dropout"] == 0.05, name
+        assert written["train"]["short_run_updates"] == 0, name
+
+    # Again: the diverged run is not trained again, nor are the others.
+    caplog.clear()
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")}
+    again = mtrain.lab(TINY, [boom, "one-head"], out, **options)
+    assert [r.dev_bleu for r in again] == [r.dev_bleu for r in rows]
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")} == stamps
+    assert "run 2 of 3: boom-seed1 diverged at step" in caplog.text
+    assert "lab: 3 runs of 10 updates; all trained" in caplog.text
+    with pytest.raises(OptionError, match="the budget changed: 10 updates, now 30 updates"):
+        mtrain.lab(TINY, [boom, "one-head"], out, **{**options, "updates": 30})
+
+
+def test_a_baseline_only_lab_at_equal_time_honours_its_minutes(corpus, tmp_path) -> None:
+    out = tmp_path / "lab"
+    common = as_options(sets(corpus, **{"train.max_steps": 100000}))
+    lab = ["lab", "-c", str(TINY), "--minutes", "0.05", "--seeds", "1,2", "--out", str(out)]
+    done = mtrain_command(*lab, "--probe", "我打他", "--device", "cpu", *common)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("| variant | seed |")
+    assert "lab: 2 runs of 0.05 minutes; about 0 min at" in done.stderr
+    for name in ("baseline-seed1", "baseline-seed2"):
+        state = peek_checkpoint(out / name / LAST)
+        # ended by its 0.05 minutes (the last validation's time, which varies, not asserted)
+        assert state["finished"]["limit"] == "max_minutes", name
+        assert state["finished"]["max_minutes"] == 0.05 and 0 < state["step"] < 100000
+
+
+def test_a_lab_stopped_by_sigterm_mid_run_resumes_to_the_same_result(
+    corpus, tmp_path, caplog
+) -> None:
+    """SIGTERM once the baseline's first checkpoint is written (step 20 of 40): the lab stops
+    with status 130; run again, it resumes to the weights of the same run trained uncut."""
+    options = sets(corpus, **{"train.eval_every": 20, "train.dev_examples": 0})
+    out = tmp_path / "stopped"
+    lab = ["lab", "-c", str(TINY), "--updates", "40", "--out", str(out), "--device", "cpu"]
+    command = [sys.executable, "-m", "mtrain", *lab, *as_options(options)]
+    proc = subprocess.Popen(command, cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True)
+    last = out / "baseline-seed1" / LAST
+    while not last.exists() and proc.poll() is None:  # its first checkpoint
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "run the same command to go on" in stderr
+    assert 20 <= peek_checkpoint(last)["step"] < 40 and finished_record(last) is None
+
+    caplog.set_level("INFO")
+    mtrain.lab(TINY, out=out, updates=40, overrides=options, device="cpu")
+    assert "run 1 of 1: baseline-seed1 (the baseline; 40 updates): resuming" in caplog.text
+    # The same run uncut, as the lab trains it (its recipe from lab.json).
+    recipe = tuple(json.loads((out / LAB_FILE).read_text())["recipe"])
+    plan = make_lab(TINY, [], updates=40, overrides=tuple(f"{k}={v}" for k, v in options.items()))
+    run = dataclasses.replace(plan, recipe=recipe).runs()[0]
+    mtrain.train(TINY, tmp_path / "uncut", list(run.overrides), device="cpu")
+    for name in (LAST, "best.pt"):
+        resumed = load_checkpoint(out / "baseline-seed1" / name)["model"]
+        uncut = load_checkpoint(tmp_path / "uncut" / name)["model"]
+        assert all(torch.equal(resumed[k], uncut[k]) for k in uncut), name
+
+
+def test_the_api_lab_writes_its_lines_to_stderr_where_it_is_a_file(tmp_path) -> None:
+    script = (
+        "import logging, mtrain\n"
+        "from mtrain.laboratory import runner\n"
+        "def run_lab(*args):\n"
+        "    logging.getLogger('mtrain').info('run 1 of 1: baseline-seed1')\n"
+        "    return []\n"
+        "runner.run_lab = run_lab\n"
+        f"mtrain.lab({str(TINY)!r}, updates=10)\n"
+    )
+    with (tmp_path / "stderr").open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=ENV, stderr=stderr)
+    assert done.returncode == 0
+    assert (tmp_path / "stderr").read_text() == "run 1 of 1: baseline-seed1\n"
