@@ -9,12 +9,10 @@ from pathlib import Path
 
 from mtrain.core import config
 from mtrain.core.config import ConfigError
-from mtrain.decoding.loaded import open_run
-from mtrain.figures.attention import Attention
 from mtrain.laboratory.plan import Lab, LabRun
-from mtrain.laboratory.report import Report, draw_figures, write_html, write_markdown
-from mtrain.laboratory.results import LabRow, measure
-from mtrain.run.directory import BEST, LAST, finished_record
+from mtrain.laboratory.report import report
+from mtrain.laboratory.results import LabRow
+from mtrain.run.directory import LAST, finished_record
 
 log = logging.getLogger("mtrain")
 
@@ -40,7 +38,7 @@ def run_lab(lab: Lab, lab_dir: Path, train: TrainRun, device: str = "auto") -> l
     runs = lab.runs()
     for number, run in enumerate(runs, 1):
         train_one(run, number, len(runs), lab, lab_dir, train)
-    return report(lab, lab_dir, device)
+    return report(lab, lab_dir, device, {})
 
 
 def train_one(
@@ -59,27 +57,3 @@ def train_one(
     log.info(
         "lab %d/%d: %s done in %.1f min", number, total, run.name, (time.monotonic() - start) / 60
     )
-
-
-def report(lab: Lab, lab_dir: Path, device: str = "auto") -> list[LabRow]:
-    """Measure the lab's trained runs and write its report; return the table's rows."""
-    rows, found = measure(lab.runs(), lab_dir, lab.probes, device)
-    if not rows:
-        return rows
-    first = rows[0].seed
-    attention = {
-        r.variant: cross_attention(r, lab.probes[0], device) for r in rows if r.seed == first
-    }
-    title = f"Lab: {lab.config} and {len(lab.variants)} variants, {lab.budget} each"
-    figures = draw_figures(rows, lab_dir, attention)
-    result = Report(rows, found, lab.probes, title, figures)
-    log.info("report: %s, %s", write_markdown(result, lab_dir), write_html(result, lab_dir))
-    return rows
-
-
-def cross_attention(row: LabRow, probe: str, device: str):
-    """The figure of a run's cross-attention for `probe`, titled with its variant."""
-    translator = open_run(row.run_dir, device, BEST, beam=1).translator
-    attention = Attention.of_translation(translator, probe)
-    attention.title = f"{row.variant}: {attention.title}"
-    return attention.figure("cross")
