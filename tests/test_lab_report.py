@@ -118,7 +118,7 @@ def test_the_verdict_over_seeds_on_given_numbers() -> None:
         found["mixed"].verdict == "within noise (+0.05 ± 0.35 BLEU): the seeds disagree on its sign"
     )
     assert found["small"].verdict == (
-        "within noise (−0.45 ± 0.07 BLEU): within twice the baseline's seed sd (0.28)"
+        "within noise (-0.45 ± 0.07 BLEU): within twice the baseline's seed sd (0.28)"
     )
     assert found["one-seed"].verdict.endswith("not significant on every seed")
     assert found["worse"].test.mean == pytest.approx(17.1)

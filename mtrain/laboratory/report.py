@@ -122,16 +122,18 @@ def intro(lab: Lab, rows: list[LabRow]) -> str:
     """What was trained, and how the verdicts are reached."""
     seeds = list(lab.seeds)
     variants = len(lab.variants)
+    others = f" and {variants} variant{'s' * (variants > 1)}" if variants else ""
     trained = (
-        f"{len(rows)} runs: the baseline ({lab.config}) and {variants} variant(s), each "
-        f"trained for {lab.budget} with {seeds_text(seeds)}."
+        f"{len(rows)} runs: the baseline ({lab.config}){others}, each trained for "
+        f"{lab.budget} with {seeds_text(seeds)}."
     )
     if not variants:
         compared = "No variant: the lab measures the baseline's seed noise, the noise floor."
     else:
         compared = (
-            f"{variants} variant(s) compared with the baseline of each seed: Holm's correction "
-            f"over the {variants} keeps the chance of any false effect below {ALPHA:g}."
+            f"{variants} variant{'s' * (variants > 1)} compared with the baseline of each "
+            f"seed: Holm's correction over the {variants} keeps the chance of any false effect "
+            f"below {ALPHA:g}."
         )
     if len(seeds) < 2:
         noise = (

@@ -338,7 +338,7 @@ def seed_verdict(deltas: list[float], significant: list[bool], baseline_sd: floa
         reason = f"within twice the baseline's seed sd ({baseline_sd:.2f})"
     else:
         return f"{'better' if mean > 0 else 'worse'} by {size}, beyond seed noise"
-    return f"within noise ({'+' if mean >= 0 else '−'}{size}): {reason}"
+    return f"within noise ({'+' if mean >= 0 else '-'}{size}): {reason}"
 
 
 def run_verdict(row: LabRow) -> str:
