@@ -100,6 +100,7 @@ def seeds_lab() -> list[LabRow]:
         ("mixed", (0.3, -0.2), (0.01, 0.02)),
         ("small", (-0.4, -0.5), (0.01, 0.01)),
         ("one-seed", (-3.0, -3.2), (0.001, 0.2)),
+        ("noisy", (0.1, 2.0), (0.01, 0.001)),
     ):
         rows += [
             row(variant, seed, base + d, d, p)
@@ -115,12 +116,17 @@ def test_the_verdict_over_seeds_on_given_numbers() -> None:
     assert found["worse"].delta.sd == pytest.approx(0.4243, abs=1e-4)  # sd of -2.8, -3.4
     assert found["worse"].verdict == "worse by 3.1 ± 0.4 BLEU, beyond seed noise"
     assert (
-        found["mixed"].verdict == "within noise (+0.05 ± 0.35 BLEU): the seeds disagree on its sign"
+        found["mixed"].verdict
+        == "within noise (+0.05 ± 0.35 BLEU): not on the same side of zero on every seed"
     )
     assert found["small"].verdict == (
-        "within noise (-0.45 ± 0.07 BLEU): within twice the baseline's seed sd (0.28)"
+        "within noise (-0.45 ± 0.07 BLEU): within twice the seed noise (0.28)"
     )
     assert found["one-seed"].verdict.endswith("not significant on every seed")
+    # Its own spread is the larger noise: sd(0.1, 2.0) / √2 = 0.95, and 1.05 < 2 x 0.95
+    assert found["noisy"].verdict == (
+        "within noise (+1.1 ± 1.3 BLEU): within twice the seed noise (0.95)"
+    )
     assert found["worse"].test.mean == pytest.approx(17.1)
 
 
@@ -164,20 +170,11 @@ def test_curves_have_distinct_colours_past_ten_runs(tmp_path) -> None:
         ]
         (run / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         runs.append(run)
-    fig = mtrain.curves(*runs)
-    lines = fig.axes[0].get_lines()
+    from matplotlib.colors import to_hex
+
+    lines = mtrain.curves(*runs).axes[0].get_lines()
     assert len(lines) == 12
-    assert (
-        len(
-            {
-                tuple(line.get_color())
-                if not isinstance(line.get_color(), str)
-                else line.get_color()
-                for line in lines
-            }
-        )
-        == 12
-    )
+    assert len({to_hex(line.get_color()) for line in lines}) == 12  # 10 before: tab10 again
 
 
 # A small lab, trained once: reported whole, with a run that diverged and one never validated.

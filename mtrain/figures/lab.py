@@ -37,66 +37,58 @@ def draw_differences(variants: list[VariantDifferences], seed_sd: float | None =
     standard deviation over seeds, the band of seed noise (± twice it)."""
     use_cjk_font()
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
-    fig = Figure(figsize=(9, 1.6 + 0.55 * len(variants)))
-    ax = fig.subplots()
     seeds = sorted({d.seed for v in variants for d in v.seeds})
     palette = dict(zip(seeds, colours(len(seeds))))
-    offset = {
-        s: 0.25 * (i - (len(seeds) - 1) / 2) / max(len(seeds) - 1, 1) for i, s in enumerate(seeds)
-    }
+    # Each seed a little above or below its variant's line, the mean on it.
+    offset = {s: 0.3 * (i / max(len(seeds) - 1, 1) - 0.5) for i, s in enumerate(seeds)}
+    fig = Figure(figsize=(9, 1.9 + 0.6 * len(variants)))
+    ax, key = fig.subplots(2, 1, height_ratios=(0.8 + 0.6 * len(variants), 0.7))
     if seed_sd is not None:
-        ax.axvspan(-2 * seed_sd, 2 * seed_sd, color="#e8e8e8", zorder=0)
+        ax.axvspan(-2 * seed_sd, 2 * seed_sd, color="#e4e4e4", zorder=0)
     ax.axvline(0, color="black", lw=0.8, zorder=1)
     for y, variant in enumerate(variants):
         for d in variant.seeds:
-            colour = palette[d.seed]
-            ax.plot([d.low, d.high], [y + offset[d.seed]] * 2, color=colour, lw=1.5)
-            ax.plot(
-                d.delta,
-                y + offset[d.seed],
-                "o",
-                color=colour,
-                mfc=colour if d.significant else "white",
-                ms=6,
-            )
+            colour, at = palette[d.seed], y + offset[d.seed] * (len(seeds) > 1)
+            ax.plot([d.low, d.high], [at, at], color=colour, lw=1.5)
+            fill = colour if d.significant else "white"
+            ax.plot(d.delta, at, "o", color=colour, mfc=fill, ms=6, zorder=3)
         if len(variant.seeds) >= 2:
             deltas = [d.delta for d in variant.seeds]
             mean, sd = statistics.mean(deltas), statistics.stdev(deltas)
-            ax.errorbar(mean, y, xerr=sd, fmt="D", color="black", ms=6, capsize=4, zorder=3)
+            ax.errorbar(mean, y, xerr=sd, fmt="D", color="black", ms=6, capsize=4, zorder=4)
         if variant.note:
             ax.text(0, y, f"  {variant.note}", va="center", ha="left", color="grey", fontsize=9)
     ax.set_yticks(range(len(variants)), [v.variant for v in variants])
     ax.set_ylim(len(variants) - 0.5, -0.5)  # the first variant at the top
     ax.set_xlabel("test BLEU minus the baseline's (same seed)")
     ax.grid(axis="x", alpha=0.3)
+    ax.set_title("Each variant against the baseline", fontsize=11)
+    key.axis("off")
+    key.legend(handles=legend(palette, seed_sd), loc="center", ncol=3, frameon=False, fontsize=8)
+    fig.set_layout_engine("constrained")
+    return fig
+
+
+def legend(palette: dict, seed_sd: float | None) -> list:
+    """The key of `draw_differences`: what each mark and the band mean."""
+    from matplotlib.lines import Line2D
+
     handles = [
-        Line2D([], [], color=palette[s], marker="o", lw=1.5, label=f"seed {s}, 95% interval")
-        for s in seeds
+        Line2D([], [], color=c, marker="o", lw=1.5, label=f"seed {s}: difference, 95% interval")
+        for s, c in palette.items()
     ]
     handles.append(
         Line2D([], [], color="grey", marker="o", mfc="white", ls="", label="not significant")
     )
-    if len(seeds) >= 2:
+    if len(palette) >= 2:
         handles.append(
             Line2D([], [], color="black", marker="D", ls="", label="mean ± sd over seeds")
         )
     if seed_sd is not None:
-        handles.append(
-            Line2D([], [], color="#d0d0d0", lw=8, label="seed noise: ± 2 × baseline's sd")
-        )
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.12 - 0.8 / (1.6 + 0.55 * len(variants))),
-        ncol=3,
-        frameon=False,
-        fontsize=8,
-    )
-    ax.set_title("Each variant against the baseline", fontsize=11)
-    fig.set_layout_engine("constrained")
-    return fig
+        band = f"seed noise: ± 2 × the baseline's sd ({seed_sd:.2f})"
+        handles.append(Line2D([], [], color="#e4e4e4", lw=8, label=band))
+    return handles
 
 
 def draw_cross_attention(runs: dict[str, list[Attention]]):
@@ -116,7 +108,7 @@ def draw_cross_attention(runs: dict[str, list[Attention]]):
         for col, attention in enumerate(attentions):
             ax = grid[row, col]
             weights = attention.cross[-1].mean(axis=0)  # (output pieces, source pieces)
-            image = ax.imshow(np.asarray(weights), cmap=cmap, vmin=0.0, vmax=1.0)
+            image = ax.imshow(np.asarray(weights), cmap=cmap, vmin=0, vmax=1, aspect="auto")
             ax.set_xticks(range(len(attention.source)), attention.source, fontsize=9)
             ax.set_yticks(range(len(attention.output)), attention.output, fontsize=9)
             ax.tick_params(length=0)

@@ -81,6 +81,30 @@ EXPLAINED = (
      "for the variants compared with the same baseline; the raw p-value in brackets where it "
      f"differs. Below {ALPHA:g}: significant."),
 )  # fmt: skip
+ONE_SEED_VERDICT = (
+    'from the paired bootstrap: "better (or worse) by x BLEU, significant" where the '
+    f'Holm-adjusted p-value is below {ALPHA:g}, else "within test-set noise". It covers the '
+    "test set's sampling, not the seed's luck: train two or more seeds (--seeds 1,2) to measure "
+    "that."
+)
+SEEDS_VERDICT = (
+    'a run\'s line: its own bootstrap, as with one seed. A mean line: "beyond seed noise" '
+    "where (1) the difference is on the same side of zero on every seed, (2) every seed's "
+    "bootstrap is significant after Holm's correction, and (3) the mean difference is more "
+    "than twice the seed noise, how far two runs of one recipe differ when only the seed "
+    "changes: the larger of the baseline's sd over seeds and the sd of the per-seed "
+    "differences over √2. For a variant that changes nothing the mean difference over k seeds "
+    "has an sd of at most the seed noise (k ≥ 2), so (3) is a two-sigma bound; with few seeds "
+    'the sd is itself uncertain: read a verdict from two seeds as a first sign. Else "within '
+    "noise\", and which condition failed. The baseline's mean line is the noise floor: its "
+    "spread over seeds."
+)
+POSITIONS_TEXT = (
+    "Without positions the encoder reads 我打他 and 他打我 as the same bag of pieces: "
+    "no-positions gives the two one translation, and its attention follows each piece "
+    "wherever it stands. The baseline can tell them apart, once trained far enough to "
+    "translate them."
+)
 CURVES, DIFFERENCES, ATTENTION = "curves.png", "differences.png", "attention.png"
 POSITION_PROBES = ("我打他", "他打我")  # the same characters in another order
 POSITIONS_VARIANT = "no-positions"
@@ -119,38 +143,20 @@ def seeds_text(seeds: list[int]) -> str:
 
 
 def intro(lab: Lab, rows: list[LabRow]) -> str:
-    """What was trained, and how the verdicts are reached."""
-    seeds = list(lab.seeds)
+    """What was trained, and what is compared with what."""
     variants = len(lab.variants)
     others = f" and {variants} variant{'s' * (variants > 1)}" if variants else ""
     trained = (
         f"{len(rows)} runs: the baseline ({lab.config}){others}, each trained for "
-        f"{lab.budget} with {seeds_text(seeds)}."
+        f"{lab.budget} with {seeds_text(list(lab.seeds))}."
     )
     if not variants:
-        compared = "No variant: the lab measures the baseline's seed noise, the noise floor."
-    else:
-        compared = (
-            f"{variants} variant{'s' * (variants > 1)} compared with the baseline of each "
-            f"seed: Holm's correction over the {variants} keeps the chance of any false effect "
-            f"below {ALPHA:g}."
-        )
-    if len(seeds) < 2:
-        noise = (
-            "One seed: a verdict covers the test set's sampling only, not the seed's luck; "
-            "train two or more seeds (--seeds 1,2) to measure it."
-        )
-    else:
-        noise = (
-            "Seed noise: the baseline's test BLEU moves by its standard deviation (sd) over the "
-            "seeds when only the seed changes. A variant is beyond seed noise where (1) its "
-            "difference has the same sign on every seed, (2) every seed's bootstrap is "
-            "significant after Holm's correction, and (3) its mean difference exceeds twice "
-            "the baseline's sd (a variant that changes nothing differs on average by at most "
-            "sd with two seeds, less with more); else it is within noise, and the verdict "
-            "says which condition failed."
-        )
-    return " ".join([trained, compared, noise])
+        return f"{trained} No variant: the lab measures the baseline's seed noise."
+    return (
+        f"{trained} Each variant is compared with the baseline of its seed on the test set; "
+        f"{variants} variant{'s are' if variants > 1 else ' is'} compared, and Holm's "
+        f"correction over the {variants} keeps the chance of any false effect below {ALPHA:g}."
+    )
 
 
 def number(value: float | None, digits: int = 2) -> str:
@@ -268,12 +274,16 @@ def probe_lines(report: Report) -> list[list[str]]:
 
 
 def sections(report: Report) -> list[tuple[str, str, object]]:
-    """The report's parts in order: (heading, text, table as (header, lines) or None)."""
+    """The report's parts in order: (heading, text, a table as (header, lines) or a figure's
+    file); a heading ending in ":" names a column, its text explains it."""
     probes = (["variant", *report.probes], probe_lines(report))
+    several = len({r.seed for r in report.rows}) > 1
+    verdict = ("verdict:", SEEDS_VERDICT if several else ONE_SEED_VERDICT, None)
     parts = [
         ("", report.intro, None),
         ("The table", "", None),
         *((f"{column}:", text, None) for column, text in EXPLAINED),
+        verdict,
         ("", "", (COLUMNS, table(report.rows))),
     ]
     if any(r.delta is not None for r in report.rows):
@@ -283,7 +293,9 @@ def sections(report: Report) -> list[tuple[str, str, object]]:
         ("Probes", f"best.pt's greedy translations, seed {seed}: a variant per line.", probes)
     )
     if ATTENTION in report.figures:
-        parts.append(("What positions do", "", ATTENTION))
+        shown = {r.variant for r in attention_runs(report.rows)}
+        text = POSITIONS_TEXT if POSITIONS_VARIANT in shown else ""
+        parts.append(("What positions do", text, ATTENTION))
     if CURVES in report.figures:
         parts.append(("Training curves", "", CURVES))
     return parts
@@ -309,11 +321,13 @@ def write_markdown(report: Report, lab_dir: Path) -> Path:
     return path
 
 
-def html_table(header, lines: list[list[str]], kind: str) -> str:
+def html_table(header, lines: list[list[str]], kind: str, cells=None) -> str:
+    """A table; `cells(line)` gives a line's cells as HTML (default: each escaped)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    cells = cells or (lambda line: [html.escape(c) for c in line])
     body = "".join(
-        ('<tr class="mean">' if len(line) > SEED and line[SEED].startswith("mean") else "<tr>")
-        + "".join(f"<td>{html.escape(c)}</td>" for c in line)
+        ('<tr class="mean">' if kind == "numbers" and line[SEED].startswith("mean") else "<tr>")
+        + "".join(f"<td>{c}</td>" for c in cells(line))
         + "</tr>"
         for line in lines
     )
@@ -321,16 +335,31 @@ def html_table(header, lines: list[list[str]], kind: str) -> str:
     return f'<div class="scroll">{table_html}</table></div>'
 
 
-STYLE = """body{font-family:"mtrain CJK",system-ui,"DejaVu Sans",sans-serif;margin:2em;
-max-width:95em;line-height:1.4}
-.scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0;font-size:90%}
-td,th{border:1px solid #bbb;padding:.3em .5em;vertical-align:top}th{background:#eee}
+def html_numbers(lines: list[list[str]]) -> str:
+    """The table of runs, each variant's changes in small type under its name (the page is
+    narrower than the markdown's fourteen columns)."""
+
+    def cells(line: list[str]) -> list[str]:
+        variant, changes, *rest = (html.escape(c) for c in line)
+        first = variant if changes == "–" else f"{variant}<br><small>{changes}</small>"
+        delta = COLUMNS.index("Δ test BLEU [95% interval]") - 2
+        rest[delta] = rest[delta].replace(", ", ",&nbsp;")  # an interval on one line
+        return [first, *rest]
+
+    return html_table(["variant and changes", *COLUMNS[2:]], lines, "numbers", cells)
+
+
+STYLE = """body{font-family:"mtrain CJK",system-ui,"DejaVu Sans",sans-serif;margin:1.5em;
+line-height:1.4}p{max-width:60em}p.column{margin:.25em 0}
+.scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0;font-size:80%}
+td,th{border:1px solid #bbb;padding:.25em .4em;vertical-align:top}th{background:#eee}
 .numbers td{text-align:right;white-space:nowrap}
-.numbers td:nth-child(1),.numbers td:nth-child(2){text-align:left}
-.numbers td:last-child{text-align:left;white-space:normal;min-width:16em}
-tr.mean td{font-weight:bold;background:#f6f6f6}
-.probes td{overflow-wrap:anywhere;min-width:6em;white-space:pre-wrap}
-dt{font-weight:bold}dd{margin:0 0 .4em 1.5em}
+.numbers td:first-child,.numbers td:last-child{text-align:left}
+.numbers td:first-child{white-space:normal;min-width:7em}small{color:#555}
+.numbers td:nth-child(2),.numbers td:nth-child(11),.numbers td:nth-child(12){white-space:normal}
+.numbers td:last-child{white-space:normal;min-width:13em}
+tr.mean td{font-weight:bold;background:#f3f3f3}
+.probes td{overflow-wrap:anywhere;min-width:5em;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}"""
 
 
@@ -338,7 +367,7 @@ def html_body(report: Report) -> str:
     out = [f"<h1>{html.escape(report.title)}</h1>"]
     for heading, text, part in sections(report):
         if heading.endswith(":"):
-            out.append(f"<dl><dt>{html.escape(heading)}</dt><dd>{html.escape(text)}</dd></dl>")
+            out.append(f'<p class="column"><b>{html.escape(heading)}</b> {html.escape(text)}</p>')
             continue
         if heading:
             out.append(f"<h2>{html.escape(heading)}</h2>")
@@ -346,7 +375,7 @@ def html_body(report: Report) -> str:
             out.append(f"<p>{html.escape(text)}</p>")
         if isinstance(part, tuple):
             header, lines = part
-            out.append(html_table(header, lines, "numbers" if header == COLUMNS else "probes"))
+            out.append(html_numbers(lines) if header == COLUMNS else html_table(*part, "probes"))
         elif isinstance(part, str):
             caption = html.escape(report.figures[part])
             out.append(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -322,20 +323,23 @@ def bleu(value: float, like: float | None = None) -> str:
 
 
 def seed_verdict(deltas: list[float], significant: list[bool], baseline_sd: float) -> str:
-    """Beyond seed noise where (1) every seed's difference has the same sign, (2) every seed's
-    paired bootstrap is significant after Holm's correction, and (3) the mean difference is
-    more than twice the baseline's standard deviation over seeds. Where a variant changes
-    nothing, its difference on one seed is that of two runs of one recipe, of standard
-    deviation sd·√2; the mean over k seeds has sd·√(2/k), at most sd for k ≥ 2: (3) is then a
-    two-sigma bound, (1) and (2) stop a mean carried by one seed."""
+    """Beyond seed noise where (1) every seed's difference is on the same side of zero,
+    (2) every seed's paired bootstrap is significant after Holm's correction, and (3) the mean
+    difference is more than twice the seed noise: how far one run of a recipe moves from
+    another when only the seed changes, estimated twice, the larger kept: the baseline's
+    standard deviation over seeds, and that of the per-seed differences over √2 (the difference
+    of two such runs has sd·√2). Where a variant changes nothing, the mean of its differences
+    over k seeds has standard deviation sd·√(2/k), at most sd for k ≥ 2: (3) is then a
+    two-sigma bound; (1) and (2) stop a mean carried by one seed."""
     mean, sd = statistics.mean(deltas), statistics.stdev(deltas)
+    noise = max(baseline_sd, sd / math.sqrt(2))
     size = f"{bleu(mean)} ± {bleu(sd, mean)} BLEU"
     if not (all(d > 0 for d in deltas) or all(d < 0 for d in deltas)):
-        reason = "the seeds disagree on its sign"
+        reason = "not on the same side of zero on every seed"
     elif not all(significant):
         reason = "not significant on every seed"
-    elif abs(mean) <= 2 * baseline_sd:
-        reason = f"within twice the baseline's seed sd ({baseline_sd:.2f})"
+    elif abs(mean) <= 2 * noise:
+        reason = f"within twice the seed noise ({noise:.2f})"
     else:
         return f"{'better' if mean > 0 else 'worse'} by {size}, beyond seed noise"
     return f"within noise ({'+' if mean >= 0 else '-'}{size}): {reason}"
