@@ -295,7 +295,7 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
         elif len(compared) >= 2 and noise is not None and noise.sd is not None:
             verdict = seed_verdict(deltas, [r.significant for r in compared], noise.sd)
         else:
-            verdict = "not compared on two seeds" if compared else "not compared"
+            verdict = "compared on one seed only: see its line" if compared else "not compared"
         missing = [f"seed {r.seed}: {r.status}" for r in mine if r.status]
         found.append(
             Summary(
