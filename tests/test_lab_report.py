@@ -314,3 +314,27 @@ def test_a_baseline_only_lab_reports_its_seed_noise(lab_dir) -> None:
     assert mean[COLUMNS.index("test BLEU")] == expected
     assert mean[-1] == f"seed noise: test BLEU {expected} over 2 seeds"
     assert "the baseline alone" in text.splitlines()[0]
+
+
+def test_the_figure_of_differences_has_a_row_per_variant() -> None:
+    from mtrain.figures.lab import Difference, VariantDifferences, draw_differences
+
+    variants = [
+        VariantDifferences(
+            "one-head",
+            [Difference(1, -1.0, -1.5, -0.5, True), Difference(2, -2.0, -2.4, -1.6, True)],
+        ),
+        VariantDifferences("no-scale", [], "diverged at step 212: loss not finite"),
+    ]
+    ax = draw_differences(variants, seed_sd=0.3).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["one-head", "no-scale"]
+    assert "diverged at step 212: loss not finite" in [t.get_text().strip() for t in ax.texts]
+    (band,) = ax.patches  # the seed noise: ± 2 sd around zero
+    assert band.get_x() == pytest.approx(-0.6) and band.get_width() == pytest.approx(1.2)
+
+
+def test_the_attention_shows_the_word_order_probes_or_the_first() -> None:
+    from mtrain.laboratory.report import attention_probes
+
+    assert attention_probes(("我是谁", "他打我", "我打他")) == ("我打他", "他打我")
+    assert attention_probes(("我是谁", "我打他")) == ("我是谁",)

@@ -431,7 +431,7 @@ def draw_figures(
         )
     shown = attention_runs(rows)
     if shown:
-        chosen = POSITION_PROBES if set(POSITION_PROBES) <= set(probes) else probes[:1]
+        chosen = attention_probes(probes)
         attention = {
             f"{r.variant} (seed {r.seed})": [
                 Attention.of_translation(translator(r, device), p) for p in chosen
@@ -470,6 +470,11 @@ def seed_sd(rows: list[LabRow]) -> float | None:
     """The baseline's standard deviation of test BLEU over seeds; None under two seeds."""
     values = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
     return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def attention_probes(probes: tuple[str, ...]) -> tuple[str, ...]:
+    """我打他 and 他打我 where both are probes (only positions tell them apart); else the first."""
+    return POSITION_PROBES if set(POSITION_PROBES) <= set(probes) else probes[:1]
 
 
 def attention_runs(rows: list[LabRow]) -> list[LabRow]:
