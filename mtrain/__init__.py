@@ -127,7 +127,9 @@ def lab(
     device: str = "auto",
 ) -> list:
     """Train a baseline config and its variants as `mtrain lab` does, and return its table: a
-    list of `LabRow`s (variant, seed, updates, minutes, losses, dev BLEU, p-value, run_dir).
+    list of `LabRow`s, one per run (variant, seed, changes, status, parameters, dropout,
+    updates/s, best and last step, minutes, dev and test BLEU, the difference from the
+    baseline with its 95% interval, p-value and Holm's p-value, run_dir).
 
     `variants` are named ones ("one-head") or your own ("3+1: model.n_encoder_layers=3
     model.n_decoder_layers=1"); none: the baseline alone, once per seed. A string is one

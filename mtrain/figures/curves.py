@@ -56,10 +56,21 @@ def run_names(run_dirs: list[Path]) -> list[str]:
     return [f"{p.parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(paths, names)]
 
 
+def colours(n: int) -> list:
+    """n colours, no two alike: matplotlib's ten (tab10), then the ten lighter ones of tab20,
+    then, past twenty, evenly spaced along a rainbow."""
+    import matplotlib
+
+    if n <= 20:
+        tab20 = matplotlib.colormaps["tab20"].colors
+        return list((tab20[0::2] + tab20[1::2])[:n])
+    rainbow = matplotlib.colormaps["gist_rainbow"]
+    return [rainbow(i / n) for i in range(n)]
+
+
 def draw_curves(run_dirs: list[Path]):
     """Training loss, dev loss, dev BLEU and learning rate against steps and minutes."""
     use_cjk_font()
-    import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -67,12 +78,12 @@ def draw_curves(run_dirs: list[Path]):
     # A Figure outside pyplot: Jupyter shows it once, where it is returned, and it needs no close
     fig = Figure(figsize=(11, 12))
     axes = fig.subplots(len(CURVES), 2, sharex="col")
-    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    palette = colours(len(logs))
     for row, (key, label, source) in enumerate(CURVES):
         for col, x_key in enumerate(("step", "minutes")):
             ax = axes[row, col]
             for i, run in enumerate(logs):
-                colour = colours[i % len(colours)]
+                colour = palette[i]
                 records = [r for r in getattr(run, source) if key in r]
                 if records:
                     xs, ys = [r[x_key] for r in records], [r[key] for r in records]
@@ -95,10 +106,7 @@ def draw_curves(run_dirs: list[Path]):
                 ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     axes[-1, 0].set_xlabel("step (optimizer updates)")
     axes[-1, 1].set_xlabel("minutes since the start of training")
-    handles = [
-        Line2D([], [], color=colours[i % len(colours)], lw=2, label=run.name)
-        for i, run in enumerate(logs)
-    ]
+    handles = [Line2D([], [], color=palette[i], lw=2, label=run.name) for i, run in enumerate(logs)]
     if any(run.average for run in logs):
         handles.append(
             Line2D(

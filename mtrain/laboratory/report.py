@@ -1,38 +1,113 @@
-"""A lab's report: report.md and report.html (the table, the probes' translations, the
-figures), curves.png (every run's training curves) and attention/<variant>.png."""
+"""A lab's report: report.md and report.html (what each column means, the table with the
+verdicts, the probes' translations, the figures), differences.png (each variant against the
+baseline, with its interval), attention.png (what positions do) and curves.png (every run)."""
 
 from __future__ import annotations
 
 import html
 import logging
+import re
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtrain.core.files import write_atomic
+from mtrain.decoding.loaded import open_run
+from mtrain.figures.attention import Attention
 from mtrain.figures.common import cjk_font_path, save
 from mtrain.figures.curves import draw_curves
-from mtrain.laboratory.plan import BASELINE
-from mtrain.laboratory.results import LabRow, Translations
+from mtrain.figures.lab import (
+    Difference,
+    VariantDifferences,
+    draw_cross_attention,
+    draw_differences,
+)
+from mtrain.laboratory.plan import BASELINE, Lab
+from mtrain.laboratory.results import (
+    ALPHA,
+    SAMPLES,
+    LabRow,
+    Summary,
+    Translations,
+    measure,
+    run_verdict,
+    summaries,
+)
+from mtrain.run.directory import BEST, METRICS, TRAIN_LOG
+
+LOGS = (METRICS, TRAIN_LOG)
+log = logging.getLogger("mtrain")
 
 COLUMNS = (
     "variant",
+    "changes",
     "seed",
-    "updates",
+    "parameters",
+    "dropout",
+    "updates/s",
+    "best step",
+    "last step",
     "minutes",
-    "train loss",
-    "dev loss",
     "dev BLEU",
-    "Δ BLEU",
-    "p-value",
+    "test BLEU",
+    "Δ test BLEU [95% interval]",
+    "p (Holm)",
+    "verdict",
 )
-CURVES = "curves.png"
+SEED = COLUMNS.index("seed")
 EXPLAINED = (
-    "Updates and minutes: each run's own; train loss: the last logged (label-smoothed); dev "
-    "loss: at the last validation; dev BLEU: best.pt's greedy translation of the dev set; "
-    "p-value: sacrebleu's paired bootstrap (1000 resamples) against the baseline of the same seed."
+    ("variant, changes", "the run's variant and the config changes that make it from the "
+     "baseline; every other setting, the budget and the recipe included, is the baseline's."),
+    ("seed", "the training seed (initialisation, batch order, dropout). With several seeds a "
+     "line \"mean of k\" sums each variant up over them."),
+    ("parameters", "counted in the run's checkpoint; a tied embedding counts once."),
+    ("dropout", "model.dropout as the run trained: the same in every run, or the comparison "
+     "is not fair."),
+    ("updates/s", "training speed: the median rate between training log records, so "
+     "validations and the start do not count."),
+    ("best step, last step", "the step of best.pt (the validation with the best dev BLEU) "
+     "and of last.pt (the updates trained)."),
+    ("minutes", "from the start of training to its end, validations included."),
+    ("dev BLEU", "best.pt's greedy translation of the dev set. The dev set chose best.pt, so "
+     "this number flatters it: read test BLEU."),
+    ("test BLEU", "best.pt's greedy translation of the test set (the config's data.test), "
+     "each source once with all its references; sacreBLEU. Mean lines: mean ± sd over seeds."),
+    ("Δ test BLEU [95% interval]", "test BLEU minus the baseline's of the same seed, with "
+     f"the paired bootstrap's 95% interval ({SAMPLES} resamples of the test set: how far the "
+     "difference moves with the sentences drawn; seed noise not included). Mean lines: the "
+     "mean difference ± the standard deviation of the per-seed differences."),
+    ("p (Holm)", "the paired bootstrap's p-value (sacreBLEU's), adjusted by Holm's method "
+     "for the variants compared with the same baseline; the raw p-value in brackets where it "
+     f"differs. Below {ALPHA:g}: significant."),
+)  # fmt: skip
+ONE_SEED_VERDICT = (
+    'from the paired bootstrap: "better (or worse) by x BLEU, significant" where the '
+    f'Holm-adjusted p-value is below {ALPHA:g}, else "within test-set noise". It covers the '
+    "test set's sampling, not the seed's luck: train two or more seeds (--seeds 1,2) to measure "
+    "that."
 )
-ATTENTION = "attention"
+SEEDS_VERDICT = (
+    'a run\'s line: its own bootstrap, as with one seed. A mean line: "beyond seed noise" '
+    "where (1) the difference is on the same side of zero on every seed, (2) every seed's "
+    "bootstrap is significant after Holm's correction, and (3) the mean difference is more "
+    "than twice the seed noise, how far two runs of one recipe differ when only the seed "
+    "changes: the larger of the baseline's sd over seeds and the sd of the per-seed "
+    "differences over √2. For a variant that changes nothing the mean difference over k seeds "
+    "has an sd of at most the seed noise (k ≥ 2), so (3) is a two-sigma bound; with few seeds "
+    'the sd is itself uncertain: read a verdict from two seeds as a first sign. Else "within '
+    "noise\", and which condition failed. The baseline's mean line is the noise floor: its "
+    "spread over seeds."
+)
+POSITIONS_TEXT = (
+    "Without positions the encoder reads 我打他 and 他打我 as the same bag of pieces: "
+    "no-positions gives the two one translation, and its attention follows each piece "
+    "wherever it stands. The baseline can tell them apart, once trained far enough to "
+    "translate them."
+)
+CURVES, DIFFERENCES, ATTENTION = "curves.png", "differences.png", "attention.png"
+POSITION_PROBES = ("我打他", "他打我")  # the same characters in another order
+POSITIONS_VARIANT = "no-positions"
 
 
 @dataclass
@@ -43,122 +118,271 @@ class Report:
     translations: dict[str, Translations]  # by run name
     probes: tuple[str, ...]
     title: str
-    figures: list[Path]  # relative to the lab directory: curves, then each variant's attention
+    intro: str
+    figures: dict[str, str]  # file (relative to the lab directory): caption
+
+
+def report(lab: Lab, lab_dir: Path, device: str, diverged: Mapping[str, str]) -> list[LabRow]:
+    """Measure the lab's runs and write its report; return its rows, one per run (a run that
+    diverged, or has no best.pt, is a row that says so). `diverged`: by run name, how."""
+    rows, found = measure(lab.runs(), lab_dir, lab.probes, device, diverged)
+    figures = draw_figures(rows, lab_dir, lab.probes, device)
+    result = Report(rows, found, lab.probes, title(lab), intro(lab, rows), figures)
+    log.info("report: %s, %s", write_markdown(result, lab_dir), write_html(result, lab_dir))
+    return rows
+
+
+def title(lab: Lab) -> str:
+    variants = len(lab.variants)
+    what = "the baseline alone" if not variants else f"{variants} variant{'s' * (variants > 1)}"
+    return f"Lab: {lab.config}, {what}, {lab.budget} per run"
+
+
+def seeds_text(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+
+
+def intro(lab: Lab, rows: list[LabRow]) -> str:
+    """What was trained, and what is compared with what."""
+    variants = len(lab.variants)
+    others = f" and {variants} variant{'s' * (variants > 1)}" if variants else ""
+    trained = (
+        f"{len(rows)} runs: the baseline ({lab.config}){others}, each trained for "
+        f"{lab.budget} with {seeds_text(list(lab.seeds))}."
+    )
+    if not variants:
+        return f"{trained} No variant: the lab measures the baseline's seed noise."
+    return (
+        f"{trained} Each variant is compared with the baseline of its seed on the test set; "
+        f"{variants} variant{'s are' if variants > 1 else ' is'} compared, and Holm's "
+        f"correction over the {variants} keeps the chance of any false effect below {ALPHA:g}."
+    )
 
 
 def number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def table(rows: list[LabRow]) -> list[list[str]]:
-    """One line per run; with several seeds, then one per variant: the means over its seeds."""
-    base = {r.seed: r.dev_bleu for r in rows if r.variant == BASELINE}
-    lines = [
-        [
-            r.variant,
-            str(r.seed),
-            str(r.updates),
-            number(r.minutes, 1),
-            number(r.train_loss, 3),
-            number(r.dev_loss, 3),
-            number(r.dev_bleu),
-            delta(r.dev_bleu, base.get(r.seed)),
-            "(baseline)" if r.variant == BASELINE else number(r.p_value, 4),
-        ]
-        for r in rows
+def interval_text(row: LabRow) -> str:
+    if row.delta is None:
+        return "–" if row.variant != BASELINE or row.status else "(baseline)"
+    low, high = row.interval or (None, None)
+    return f"{row.delta:+.2f} [{number(low)}, {number(high)}]"
+
+
+def p_text(row: LabRow) -> str:
+    if row.p_holm is None or row.p_value is None:
+        return "–"
+    if f"{row.p_holm:.3f}" == f"{row.p_value:.3f}":
+        return f"{row.p_holm:.3f}"
+    return f"{row.p_holm:.3f} ({row.p_value:.3f})"
+
+
+def run_line(row: LabRow) -> list[str]:
+    return [
+        row.variant,
+        " ".join(row.changes) or "–",
+        str(row.seed),
+        "–" if row.parameters is None else f"{row.parameters:,}",
+        number(row.dropout, 2),
+        number(row.updates_per_s, 1),
+        "–" if row.best_step is None else str(row.best_step),
+        "–" if row.updates is None else str(row.updates),
+        number(row.minutes, 1),
+        number(row.dev_bleu),
+        number(row.test_bleu),
+        interval_text(row),
+        p_text(row),
+        run_verdict(row),
     ]
-    if len(base) < 2:
-        return lines
-    for variant in dict.fromkeys(r.variant for r in rows):
-        mine = [r for r in rows if r.variant == variant]
-        mean = {
-            k: mean_of([getattr(r, k) for r in mine])
-            for k in ("updates", "minutes", "train_loss", "dev_loss", "dev_bleu")
-        }
-        deltas = [r.dev_bleu - base[r.seed] for r in mine if r.seed in base]
-        p_values = ", ".join(number(r.p_value, 4) for r in mine if r.p_value is not None)
-        lines.append(
-            [
-                f"**{variant}** (mean)",
-                "all",
-                number(mean["updates"], 0),
-                number(mean["minutes"], 1),
-                number(mean["train_loss"], 3),
-                number(mean["dev_loss"], 3),
-                number(mean["dev_bleu"]),
-                f"{statistics.mean(deltas):+.2f}" if deltas else "–",
-                "(baseline)" if variant == BASELINE else p_values or "–",
-            ]
-        )
+
+
+def spread_text(spread, sign: str = "") -> str:
+    if spread is None:
+        return "–"
+    sd = "" if spread.sd is None else f" ± {spread.sd:.2f}"
+    return f"{spread.mean:{sign}.2f}{sd}"
+
+
+def mean_line(summary: Summary) -> list[str]:
+    """A variant over its seeds: means, spreads and the verdict on seed noise."""
+    rows = summary.rows
+    measured = [r for r in rows if not r.status]
+    known = [r.updates_per_s for r in rows if r.updates_per_s is not None]
+    p_values = [p_text(r) for r in rows if r.p_holm is not None]
+    return [
+        summary.variant,
+        " ".join(rows[0].changes) or "–",
+        f"mean of {len(measured)}",
+        run_line(rows[0])[COLUMNS.index("parameters")],
+        ", ".join(sorted({number(r.dropout, 2) for r in rows})),
+        number(sum(known) / len(known), 1) if known else "–",
+        "–",
+        "–",
+        number(sum(r.minutes for r in rows) / len(rows), 1),
+        spread_text(summary.dev),
+        spread_text(summary.test),
+        "–" if summary.variant == BASELINE else spread_text(summary.delta, "+"),
+        ", ".join(p_values) or "–",
+        summary.verdict,
+    ]
+
+
+def table(rows: list[LabRow]) -> list[list[str]]:
+    """A line per run; with several seeds, the runs grouped by variant, each group followed
+    by its mean line ("mean of k" in the seed column)."""
+    if len({r.seed for r in rows}) < 2:
+        return [run_line(r) for r in rows]
+    lines = []
+    for summary in summaries(rows):
+        lines += [run_line(r) for r in summary.rows]
+        lines.append(mean_line(summary))
     return lines
 
 
-def mean_of(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.mean(known) if known else None
-
-
-def delta(bleu: float, base: float | None) -> str:
-    return "–" if base is None else f"{bleu - base:+.2f}"
+def markdown_text(text: str) -> str:
+    """A table cell's text for markdown: on one line, its markup shown as typed (an
+    underscore inside a word, as in label_smoothing, is no markup and stays as it is)."""
+    lines = text.splitlines()
+    if lines != [text]:  # a line break of any kind
+        text = " ↵ ".join(line.strip() for line in lines)
+    for char, escaped in (("\\", "\\\\"), ("&", "&amp;"), ("<", "&lt;"), ("|", "\\|")):
+        text = text.replace(char, escaped)
+    text = re.sub(r"([`*]|\](?=\())", r"\\\1", text)
+    return re.sub(r"(?<!\w)_|_(?!\w)", r"\\_", text)
 
 
 def markdown_table(header: tuple[str, ...] | list[str], lines: list[list[str]]) -> str:
-    cells = [" | ".join(c.replace("|", "\\|") for c in line) for line in lines]
-    return "\n".join(
-        [f"| {' | '.join(header)} |", f"|{'---|' * len(header)}", *(f"| {c} |" for c in cells)]
-    )
+    cells = [" | ".join(markdown_text(c) for c in line) for line in [list(header), *lines]]
+    rule = "|" + "---|" * len(header)
+    return "\n".join([f"| {cells[0]} |", rule, *(f"| {c} |" for c in cells[1:])])
+
+
+def first_seed_rows(report: Report) -> list[LabRow]:
+    first = report.rows[0].seed
+    return [r for r in report.rows if r.seed == first]
 
 
 def probe_lines(report: Report) -> list[list[str]]:
-    """A line per probe: its translation by each run of the first seed."""
-    first = report.rows[0].seed
-    names = [f"{r.variant}-seed{r.seed}" for r in report.rows if r.seed == first]
-    return [[p, *(report.translations[n].probes.get(p, "") for n in names)] for p in report.probes]
+    """A line per variant (of the first seed): its translation of each probe."""
+    lines = []
+    for row in first_seed_rows(report):
+        found = report.translations.get(row.name)
+        cells = [found.probes.get(p, "–") if found else "–" for p in report.probes]
+        lines.append([row.variant, *cells])
+    return lines
 
 
-def probe_header(report: Report) -> list[str]:
-    first = report.rows[0].seed
-    return ["probe", *(r.variant for r in report.rows if r.seed == first)]
+def sections(report: Report) -> list[tuple[str, str, object]]:
+    """The report's parts in order: (heading, text, a table as (header, lines) or a figure's
+    file); a heading ending in ":" names a column, its text explains it."""
+    probes = (["variant", *report.probes], probe_lines(report))
+    several = len({r.seed for r in report.rows}) > 1
+    verdict = ("verdict:", SEEDS_VERDICT if several else ONE_SEED_VERDICT, None)
+    parts = [
+        ("", report.intro, None),
+        ("The table", "", None),
+        *((f"{column}:", text, None) for column, text in EXPLAINED),
+        verdict,
+        ("", "", (COLUMNS, table(report.rows))),
+    ]
+    if any(r.delta is not None for r in report.rows):
+        parts.append(("Differences from the baseline", "", DIFFERENCES))
+    seed = report.rows[0].seed
+    parts.append(
+        ("Probes", f"best.pt's greedy translations, seed {seed}: a variant per line.", probes)
+    )
+    if ATTENTION in report.figures:
+        shown = {r.variant for r in attention_runs(report.rows)}
+        text = POSITIONS_TEXT if POSITIONS_VARIANT in shown else ""
+        parts.append(("What positions do", text, ATTENTION))
+    if CURVES in report.figures:
+        parts.append(("Training curves", "", CURVES))
+    return parts
 
 
 def write_markdown(report: Report, lab_dir: Path) -> Path:
-    """report.md: the table, the probes, the figures."""
-    text = "\n\n".join(
-        [
-            f"# {report.title}",
-            EXPLAINED,
-            markdown_table(COLUMNS, table(report.rows)),
-            f"## Probes (seed {report.rows[0].seed})",
-            markdown_table(probe_header(report), probe_lines(report)),
-            "## Figures",
-            *(f"![{caption(f)}]({f.as_posix()})" for f in report.figures),
-        ]
-    )
+    """report.md: the explanations, the table, the probes, the figures."""
+    out = [f"# {markdown_text(report.title)}"]
+    for heading, text, part in sections(report):
+        if heading.endswith(":"):
+            out.append(f"**{markdown_text(heading)}** {markdown_text(text)}")
+            continue
+        if heading:
+            out.append(f"## {heading}")
+        if text:
+            out.append(markdown_text(text))
+        if isinstance(part, tuple):
+            out.append(markdown_table(*part))
+        elif isinstance(part, str):
+            out.append(f"![{markdown_text(report.figures[part])}]({part})")
     path = lab_dir / "report.md"
-    write_atomic(path, text + "\n")
+    write_atomic(path, "\n\n".join(out) + "\n")
     return path
 
 
-def caption(figure: Path) -> str:
-    if figure == Path(CURVES):
-        return "every run's training curves, against updates and against minutes"
-    return f"{figure.stem}: cross-attention for the first probe"
-
-
-def html_table(header: list[str] | tuple[str, ...], lines: list[list[str]], kind: str) -> str:
+def html_table(header, lines: list[list[str]], kind: str, cells=None) -> str:
+    """A table; `cells(line)` gives a line's cells as HTML (default: each escaped)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    cells = cells or (lambda line: [html.escape(c) for c in line])
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c.replace('**', ''))}</td>" for c in line) + "</tr>"
+        ('<tr class="mean">' if kind == "numbers" and line[SEED].startswith("mean") else "<tr>")
+        + "".join(f"<td>{c}</td>" for c in cells(line))
+        + "</tr>"
         for line in lines
     )
-    return f'<table class="{kind}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    table_html = f'<table class="{kind}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+    return f'<div class="scroll">{table_html}</table></div>'
 
 
-STYLE = """body{font-family:"mtrain CJK",system-ui,"DejaVu Sans",sans-serif;margin:2em}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em}
-th{background:#eee}.probes td{overflow-wrap:anywhere;min-width:8em}
-.numbers td{text-align:right}.numbers td:first-child{text-align:left}
+def html_numbers(lines: list[list[str]]) -> str:
+    """The table of runs, each variant's changes in small type under its name (the page is
+    narrower than the markdown's fourteen columns)."""
+
+    def cells(line: list[str]) -> list[str]:
+        variant, changes, *rest = (html.escape(c) for c in line)
+        first = variant if changes == "–" else f"{variant}<br><small>{changes}</small>"
+        delta = COLUMNS.index("Δ test BLEU [95% interval]") - 2
+        rest[delta] = rest[delta].replace(", ", ",&nbsp;")  # an interval on one line
+        return [first, *rest]
+
+    return html_table(["variant and changes", *COLUMNS[2:]], lines, "numbers", cells)
+
+
+STYLE = """body{font-family:"mtrain CJK",system-ui,"DejaVu Sans",sans-serif;margin:1.5em;
+line-height:1.4}p{max-width:60em}p.column{margin:.25em 0}
+.scroll{overflow-x:auto}table{border-collapse:collapse;margin:1em 0;font-size:80%}
+td,th{border:1px solid #bbb;padding:.25em .4em;vertical-align:top}th{background:#eee}
+.numbers td{text-align:right;white-space:nowrap}
+.numbers td:first-child,.numbers td:last-child{text-align:left}
+.numbers td:first-child{white-space:normal;min-width:7em}small{color:#555}
+.numbers td:nth-child(2),.numbers td:nth-child(11),.numbers td:nth-child(12){white-space:normal}
+.numbers td:last-child{white-space:normal;min-width:13em}
+tr.mean td{font-weight:bold;background:#f3f3f3}
+.probes td{overflow-wrap:anywhere;min-width:5em;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}"""
+
+
+def html_body(report: Report) -> str:
+    out = [f"<h1>{html.escape(report.title)}</h1>"]
+    for heading, text, part in sections(report):
+        if heading.endswith(":"):
+            out.append(f'<p class="column"><b>{html.escape(heading)}</b> {html.escape(text)}</p>')
+            continue
+        if heading:
+            out.append(f"<h2>{html.escape(heading)}</h2>")
+        if text:
+            out.append(f"<p>{html.escape(text)}</p>")
+        if isinstance(part, tuple):
+            header, lines = part
+            out.append(html_numbers(lines) if header == COLUMNS else html_table(*part, "probes"))
+        elif isinstance(part, str):
+            caption = html.escape(report.figures[part])
+            out.append(
+                f'<figure><img src="{html.escape(part)}" alt="{caption}">'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
+    return "".join(out)
 
 
 def cjk_font_face(text: str) -> str:
@@ -183,18 +407,7 @@ def cjk_font_face(text: str) -> str:
 
 def write_html(report: Report, lab_dir: Path) -> Path:
     """report.html: what report.md shows, as one page that opens in a browser."""
-    figures = "".join(
-        f'<figure><img src="{html.escape(f.as_posix())}" alt="{html.escape(caption(f))}">'
-        f"<figcaption>{html.escape(caption(f))}</figcaption></figure>"
-        for f in report.figures
-    )
-    body = (
-        f"<h1>{html.escape(report.title)}</h1><p>{html.escape(EXPLAINED)}</p>"
-        f"{html_table(COLUMNS, table(report.rows), 'numbers')}"
-        f"<h2>Probes (seed {report.rows[0].seed})</h2>"
-        f"{html_table(probe_header(report), probe_lines(report), 'probes')}"
-        f"<h2>Figures</h2>{figures}"
-    )
+    body = html_body(report)
     page = (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(report.title)}</title>"
@@ -205,12 +418,75 @@ def write_html(report: Report, lab_dir: Path) -> Path:
     return path
 
 
-def draw_figures(rows: list[LabRow], lab_dir: Path, attention: dict[str, object]) -> list[Path]:
-    """curves.png (every run) and, for each variant of the first seed, its attention figure."""
-    save(draw_curves([r.run_dir for r in rows]), lab_dir / CURVES)
-    paths = [Path(CURVES)]
-    for variant, figure in attention.items():
-        path = Path(ATTENTION) / f"{variant}.png"
-        save(figure, lab_dir / path)
-        paths.append(path)
-    return paths
+def draw_figures(
+    rows: list[LabRow], lab_dir: Path, probes: tuple[str, ...], device: str
+) -> dict[str, str]:
+    """The figures there is something to draw for: file name -> caption."""
+    figures = {}
+    if any(r.delta is not None for r in rows):
+        save(draw_differences(differences(rows), seed_sd(rows)), lab_dir / DIFFERENCES)
+        figures[DIFFERENCES] = (
+            "each variant's test BLEU minus the baseline's, seed by seed, with the paired "
+            "bootstrap's 95% interval (a hollow dot: not significant after Holm's correction)"
+        )
+    shown = attention_runs(rows)
+    if shown:
+        chosen = attention_probes(probes)
+        attention = {
+            f"{r.variant} (seed {r.seed})": [
+                Attention.of_translation(translator(r, device), p) for p in chosen
+            ]
+            for r in shown
+        }
+        save(draw_cross_attention(attention), lab_dir / ATTENTION)
+        figures[ATTENTION] = (
+            "cross-attention (the last decoder layer, the mean of its heads): which source "
+            "piece each output piece looks at, for each sentence and run"
+        )
+    logged = [r.run_dir for r in rows if any((r.run_dir / f).is_file() for f in LOGS)]
+    if logged:
+        save(draw_curves(logged), lab_dir / CURVES)
+        figures[CURVES] = "every run's training curves, against updates and against minutes"
+    return figures
+
+
+def differences(rows: list[LabRow]) -> list[VariantDifferences]:
+    """Each variant's per-seed differences from the baseline, for the figure."""
+    found = []
+    for summary in summaries(rows):
+        if summary.variant == BASELINE:
+            continue
+        seeds = [
+            Difference(r.seed, r.delta, *(r.interval or (r.delta, r.delta)), r.significant)
+            for r in summary.rows
+            if r.delta is not None
+        ]
+        note = "" if seeds else next((r.status for r in summary.rows if r.status), "no BLEU")
+        found.append(VariantDifferences(summary.variant, seeds, note))
+    return found
+
+
+def seed_sd(rows: list[LabRow]) -> float | None:
+    """The baseline's standard deviation of test BLEU over seeds; None under two seeds."""
+    values = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def attention_probes(probes: tuple[str, ...]) -> tuple[str, ...]:
+    """我打他 and 他打我 where both are probes (only positions tell them apart); else the first."""
+    return POSITION_PROBES if set(POSITION_PROBES) <= set(probes) else probes[:1]
+
+
+def attention_runs(rows: list[LabRow]) -> list[LabRow]:
+    """The baseline and no-positions (where the lab has it, and both were measured) of the
+    first seed that has the most of the two."""
+    wanted = (BASELINE, POSITIONS_VARIANT)
+    by_seed = [
+        [r for r in rows if r.seed == seed and r.variant in wanted and not r.status]
+        for seed in dict.fromkeys(r.seed for r in rows)
+    ]
+    return max(by_seed, key=len, default=[])
+
+
+def translator(row: LabRow, device: str):
+    return open_run(row.run_dir, device, BEST, beam=1).translator

@@ -1,52 +1,110 @@
-"""A lab's runs, measured: each one's logs and dev translations, compared with the baseline."""
+"""A lab's runs, measured: each one's logs and translations (dev, test, probes), compared with
+the baseline of its seed on the test set, and each variant's verdict over its seeds."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
+import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mtrain.core import jsonl
 from mtrain.core.files import write_atomic
-from mtrain.core.metrics import paired_bootstrap, score
+from mtrain.core.metrics import holm, paired_bootstrap, score
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
 from mtrain.decoding.loaded import open_run
 from mtrain.laboratory.plan import BASELINE, LabRun
-from mtrain.run.directory import BEST, METRICS, TRAIN_LOG, run_config, training_summary
+from mtrain.run.directory import (
+    BEST,
+    LAST,
+    TRAIN_LOG,
+    CheckpointError,
+    checkpoint_step,
+    peek_checkpoint,
+    run_config,
+    training_summary,
+)
 
 log = logging.getLogger("mtrain")
 
 TRANSLATIONS = "translations"  # LAB_DIR/translations/<run>.json: a checkpoint's, kept
+ALPHA = 0.05  # a difference is significant where its Holm-adjusted p-value is below this
+SAMPLES = 1000  # bootstrap resamples
 
 
 @dataclass
 class LabRow:
-    """One run of a lab, measured; `p_value` against the baseline of the same seed."""
+    """One run of a lab, measured. BLEU is best.pt's greedy translation: of the dev set (what
+    chose best.pt) and of the test set (what the lab reports). `delta`, `interval` and the
+    p-values compare its test BLEU with the baseline's of the same seed by the paired bootstrap
+    (None for the baseline, and where either run has no BLEU); `p_holm` is Holm-adjusted over
+    the variants compared with that baseline. A run without BLEU says why in `status`."""
 
     variant: str
     seed: int
-    updates: int
-    minutes: float
-    train_loss: float | None  # the last logged (label-smoothed) training loss
-    dev_loss: float | None  # at the last validation
-    dev_bleu: float  # best.pt's greedy translation of the dev set
-    p_value: float | None  # None for the baseline
+    changes: tuple[str, ...]  # the variant's config changes; () for the baseline
+    status: str  # "" where measured; else "diverged at step 212: ...", "never validated", ...
+    parameters: int | None
+    dropout: float | None
+    updates_per_s: float | None  # the median rate between training log records
+    best_step: int | None  # best.pt's
+    updates: int | None  # last.pt's step: the updates trained
+    minutes: float  # since the start of training, validations included
+    dev_bleu: float | None
+    test_bleu: float | None
+    delta: float | None  # test BLEU minus the baseline's
+    interval: tuple[float, float] | None  # the bootstrap's 95% interval of `delta`
+    p_value: float | None
+    p_holm: float | None
     run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def significant(self) -> bool:
+        return self.p_holm is not None and self.p_holm < ALPHA
 
 
 @dataclass
 class Translations:
-    """What one run's best.pt made of the dev set and the probes (greedy)."""
+    """What one run's best.pt made of the dev set, the test set and the probes (greedy)."""
 
     step: int
     dev: list[str]
+    test: list[str]
     probes: dict[str, str]
 
 
+@dataclass
+class EvalSet:
+    """A corpus's sources, each once with all its references, and the target language."""
+
+    sources: list[str]
+    references: list[list[str]]
+    tgt_lang: str
+
+
+def eval_set(run_dir: Path, split: str) -> EvalSet:
+    """The dev or test sources of a run's config, each once with all its references."""
+    data = run_config(run_dir).data
+    pairs = [
+        p
+        for c in corpora(getattr(data, split), data.swap_columns)
+        for p in read_pairs(c, data.src_lang, data.tgt_lang, scored=True)
+    ]
+    sources, references = group_references(pairs)
+    return EvalSet(sources, references, data.tgt_lang)
+
+
 def translations(
-    run_dir: Path, lab_dir: Path, sources: list[str], probes: tuple[str, ...], device: str
+    run_dir: Path, lab_dir: Path, dev: EvalSet, test: EvalSet, probes: tuple[str, ...], device: str
 ) -> Translations:
     """The run's greedy translations, from LAB_DIR/translations/ while its best.pt is the same."""
     best = (run_dir / BEST).resolve()
@@ -55,15 +113,19 @@ def translations(
     kept = read_kept(kept_file)
     if (
         kept.get("key") == key
-        and len(kept["dev"]) == len(sources)
+        and len(kept["dev"]) == len(dev.sources)
+        and len(kept["test"]) == len(test.sources)
         and set(probes) <= set(kept["probes"])
     ):
-        return Translations(kept["step"], kept["dev"], kept["probes"])
-    log.info("%s: translating the dev set and the probes", run_dir.name)
+        return Translations(kept["step"], kept["dev"], kept["test"], kept["probes"])
+    log.info("%s: translating the dev set, the test set and the probes", run_dir.name)
     opened = open_run(run_dir, device, BEST, beam=1)
     translate = opened.translator.translate
     found = Translations(
-        opened.run.step or 0, translate(sources), dict(zip(probes, translate(list(probes))))
+        opened.run.step or 0,
+        translate(dev.sources),
+        translate(test.sources),
+        dict(zip(probes, translate(list(probes)))),
     )
     kept_file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(kept_file, json.dumps({"key": key, **asdict(found)}, ensure_ascii=False))
@@ -76,65 +138,221 @@ def read_kept(path: Path) -> dict:
         kept = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError):
         return {}
-    return kept if isinstance(kept, dict) and {"step", "dev", "probes"} <= kept.keys() else {}
+    fields = {"key", "step", "dev", "test", "probes"}
+    return kept if isinstance(kept, dict) and fields <= kept.keys() else {}
 
 
-def dev_set(run_dir: Path) -> tuple[list[str], list[list[str]], str]:
-    """The dev sources of a run's config, each once with all its references; the target language."""
-    data = run_config(run_dir).data
-    pairs = [
-        p
-        for c in corpora(data.dev, data.swap_columns)
-        for p in read_pairs(c, data.src_lang, data.tgt_lang, scored=True)
+def parameter_count(path: Path) -> int | None:
+    """The parameters of a checkpoint's model, a tied matrix counted once; None if unreadable."""
+    try:
+        tensors = peek_checkpoint(path)["model"].values()
+    except (CheckpointError, KeyError):
+        return None
+    storages = {(t.untyped_storage().data_ptr(), t.storage_offset()): t.numel() for t in tensors}
+    return sum(storages.values())
+
+
+def updates_per_second(run_dir: Path) -> float | None:
+    """The median rate between training log records (from the start, then between records):
+    validations and the start (a slow first batch, compiling) fall into a few of the intervals
+    and do not move the median."""
+    logged = [(r["step"], r["minutes"]) for r in jsonl.read(run_dir / TRAIN_LOG) if "minutes" in r]
+    records = [(0, 0.0), *sorted(logged)]
+    rates = [
+        (s2 - s1) / ((m2 - m1) * 60)
+        for (s1, m1), (s2, m2) in itertools.pairwise(records)
+        if s2 > s1 and m2 > m1
     ]
-    sources, references = group_references(pairs)
-    return sources, references, data.tgt_lang
+    return statistics.median(rates) if rates else None
 
 
-def last(records: list[dict], key: str) -> float | None:
-    values = [r[key] for r in records if r.get(key) is not None]
-    return values[-1] if values else None
+def why_unmeasured(run_dir: Path, diverged: str | None) -> str:
+    """ "" for a run with a best.pt to measure; else why it has none."""
+    if diverged:
+        return diverged
+    if (run_dir / BEST).is_file():
+        return ""
+    if (run_dir / LAST).is_file():
+        return "never validated: no best.pt (train.eval_every beyond its updates?)"
+    return "not trained"
 
 
-def measure(
-    runs: list[LabRun], lab_dir: Path, probes: tuple[str, ...], device: str, samples: int = 1000
-) -> tuple[list[LabRow], dict[str, Translations]]:
-    """Each trained run's row, its p-value against its seed's baseline, and its translations."""
-    done = [r for r in runs if (lab_dir / r.name / BEST).is_file()]
-    if not done:
-        return [], {}
-    sources, references, tgt_lang = dev_set(lab_dir / done[0].name)
-    found = {r.name: translations(lab_dir / r.name, lab_dir, sources, probes, device) for r in done}
-    p_values: dict[str, float | None] = {}
-    for seed in dict.fromkeys(r.seed for r in done):
-        base = f"{BASELINE}-seed{seed}"
-        others = [r.name for r in done if r.seed == seed and r.variant != BASELINE]
-        if base in found and others:
-            systems = [(name, found[name].dev) for name in (base, *others)]
-            for c in paired_bootstrap(systems, references, tgt_lang, samples)[1:]:
-                p_values[c.name] = c.p_value
-    return [row(r, lab_dir, found[r.name], references, tgt_lang, p_values) for r in done], found
-
-
-def row(
-    run: LabRun,
-    lab_dir: Path,
-    found: Translations,
-    references: list[list[str]],
-    tgt_lang: str,
-    p_values: dict[str, float | None],
+def run_row(
+    run: LabRun, run_dir: Path, status: str, found: Translations | None, dev: EvalSet | None
 ) -> LabRow:
-    run_dir = lab_dir / run.name
-    summary = training_summary(run_dir)
-    validations = [r for r in jsonl.read(run_dir / METRICS) if r.get("event") != "average"]
+    """A run's row before it is compared: what it is, how it trained, its dev BLEU."""
+    trained = (run_dir / LAST).is_file()
+    checkpoint = run_dir / (LAST if trained else BEST)
+    dev_bleu = None
+    if found is not None and dev is not None:
+        dev_bleu = score(found.dev, dev.references, dev.tgt_lang).bleu
     return LabRow(
         run.variant,
         run.seed,
-        summary["steps"],
-        summary["minutes"],
-        last(jsonl.read(run_dir / TRAIN_LOG), "loss"),
-        last(validations, "dev_loss"),
-        score(found.dev, references, tgt_lang).bleu,
-        p_values.get(run.name),
+        run.changes,
+        status,
+        parameter_count(checkpoint) if checkpoint.is_file() else None,
+        run_config(run_dir).model.dropout if checkpoint.is_file() else None,
+        updates_per_second(run_dir),
+        None if found is None else found.step,
+        checkpoint_step(run_dir / LAST, 0) if trained else None,
+        training_summary(run_dir)["minutes"] if checkpoint.is_file() else 0.0,
+        dev_bleu,
+        None,  # the test BLEU and the comparison: compare()'s
+        None,
+        None,
+        None,
+        None,
         run_dir,
     )
+
+
+def compare(rows: list[LabRow], found: Mapping[str, Translations], test: EvalSet) -> None:
+    """Fill in each row's test BLEU and, seed by seed, its paired bootstrap against the
+    baseline: the difference, its 95% interval, its p-value and Holm's over the variants."""
+    for row in rows:
+        if row.name in found:
+            row.test_bleu = score(found[row.name].test, test.references, test.tgt_lang).bleu
+    for seed in dict.fromkeys(r.seed for r in rows):
+        base = next((r for r in rows if r.seed == seed and r.variant == BASELINE), None)
+        others = [r for r in rows if r.seed == seed and r.variant != BASELINE and r.name in found]
+        if base is None or base.name not in found or not others:
+            continue
+        systems = [(r.name, found[r.name].test) for r in (base, *others)]
+        baseline, *compared = paired_bootstrap(systems, test.references, test.tgt_lang, SAMPLES)
+        for row, c in zip(others, compared):
+            row.delta = c.bleu - baseline.bleu
+            row.interval = (c.low, c.high)
+            row.p_value = c.p_value
+        for row, p in zip(others, holm([r.p_value for r in others])):
+            row.p_holm = p
+
+
+def measure(
+    runs: list[LabRun],
+    lab_dir: Path,
+    probes: tuple[str, ...],
+    device: str,
+    diverged: Mapping[str, str],
+) -> tuple[list[LabRow], dict[str, Translations]]:
+    """Every run's row (one without BLEU says why), compared with its seed's baseline on the
+    test set; and the translations of the runs measured, by run name."""
+    status = {r.name: why_unmeasured(lab_dir / r.name, diverged.get(r.name)) for r in runs}
+    measured = [r for r in runs if not status[r.name]]
+    found: dict[str, Translations] = {}
+    dev = test = None
+    if measured:
+        dev = eval_set(lab_dir / measured[0].name, "dev")
+        test = eval_set(lab_dir / measured[0].name, "test")
+        found = {
+            r.name: translations(lab_dir / r.name, lab_dir, dev, test, probes, device)
+            for r in measured
+        }
+    rows = [run_row(r, lab_dir / r.name, status[r.name], found.get(r.name), dev) for r in runs]
+    if test is not None:
+        compare(rows, found, test)
+    return rows, found
+
+
+@dataclass
+class Spread:
+    """A mean over seeds and the sample standard deviation (None with one value)."""
+
+    mean: float
+    sd: float | None
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread | None:
+        if not values:
+            return None
+        return cls(statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None)
+
+
+@dataclass
+class Summary:
+    """A variant over the lab's seeds: its BLEU and its difference from the baseline."""
+
+    variant: str
+    rows: list[LabRow]  # its runs, seed by seed
+    dev: Spread | None
+    test: Spread | None
+    delta: Spread | None  # over the seeds compared: the sd of the per-seed paired differences
+    verdict: str
+
+
+def summaries(rows: list[LabRow]) -> list[Summary]:
+    """Each variant over its seeds (the baseline first): with two or more seeds, the verdict
+    on seed noise (`seed_verdict`); the baseline's spread over seeds is the noise floor."""
+    base = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
+    noise = Spread.of(base)
+    found = []
+    for variant in dict.fromkeys(r.variant for r in rows):
+        mine = [r for r in rows if r.variant == variant]
+        compared = [r for r in mine if r.delta is not None]
+        deltas = [r.delta for r in compared]
+        if variant == BASELINE:
+            verdict = noise_floor(noise, len(base))
+        elif len(compared) >= 2 and noise is not None and noise.sd is not None:
+            verdict = seed_verdict(deltas, [r.significant for r in compared], noise.sd)
+        else:
+            verdict = "compared on one seed only: see its line" if compared else "not compared"
+        missing = [f"seed {r.seed}: {r.status}" for r in mine if r.status]
+        found.append(
+            Summary(
+                variant,
+                mine,
+                Spread.of([r.dev_bleu for r in mine if r.dev_bleu is not None]),
+                Spread.of([r.test_bleu for r in mine if r.test_bleu is not None]),
+                Spread.of(deltas),
+                "; ".join([verdict, *missing]),
+            )
+        )
+    return found
+
+
+def noise_floor(noise: Spread | None, seeds: int) -> str:
+    if noise is None or noise.sd is None:
+        return "the baseline (one seed measured: seed noise unknown)"
+    return f"seed noise: test BLEU {noise.mean:.2f} ± {noise.sd:.2f} over {seeds} seeds"
+
+
+def bleu(value: float, like: float | None = None) -> str:
+    """BLEU in words: one decimal, two where the number (or `like`) is under 1."""
+    digits = 1 if abs(value if like is None else like) >= 1 else 2
+    return f"{abs(value):.{digits}f}"
+
+
+def seed_verdict(deltas: list[float], significant: list[bool], baseline_sd: float) -> str:
+    """Beyond seed noise where (1) every seed's difference is on the same side of zero,
+    (2) every seed's paired bootstrap is significant after Holm's correction, and (3) the mean
+    difference is more than twice the seed noise: how far one run of a recipe moves from
+    another when only the seed changes, estimated twice, the larger kept: the baseline's
+    standard deviation over seeds, and that of the per-seed differences over √2 (the difference
+    of two such runs has sd·√2). Where a variant changes nothing, the mean of its differences
+    over k seeds has standard deviation sd·√(2/k), at most sd for k ≥ 2: (3) is then a
+    two-sigma bound; (1) and (2) stop a mean carried by one seed."""
+    mean, sd = statistics.mean(deltas), statistics.stdev(deltas)
+    noise = max(baseline_sd, sd / math.sqrt(2))
+    size = f"{bleu(mean)} ± {bleu(sd, mean)} BLEU"
+    if not (all(d > 0 for d in deltas) or all(d < 0 for d in deltas)):
+        reason = "not on the same side of zero on every seed"
+    elif not all(significant):
+        reason = "not significant on every seed"
+    elif abs(mean) <= 2 * noise:
+        reason = f"within twice the seed noise ({noise:.2f})"
+    else:
+        return f"{'better' if mean > 0 else 'worse'} by {size}, beyond seed noise"
+    return f"within noise ({'+' if mean >= 0 else '-'}{size}): {reason}"
+
+
+def run_verdict(row: LabRow) -> str:
+    """One run against its seed's baseline, by the paired bootstrap (test-set sampling only)."""
+    if row.status:
+        return row.status
+    if row.variant == BASELINE:
+        return "the baseline"
+    if row.delta is None:
+        return "no baseline of its seed to compare with"
+    if row.significant:
+        return f"{'better' if row.delta > 0 else 'worse'} by {bleu(row.delta)} BLEU, significant"
+    return "within test-set noise"

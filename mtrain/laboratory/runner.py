@@ -19,14 +19,11 @@ from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.files import LOCK_FILE
 from mtrain.data.prepare import prepare, prepared_dir
 from mtrain.data.tokenizer import Tokenizer
-from mtrain.decoding.loaded import open_run
-from mtrain.figures.attention import Attention
 from mtrain.laboratory.plan import Lab, LabRun
 from mtrain.laboratory.record import LAB_FILE, LabRecord
-from mtrain.laboratory.report import Report, draw_figures, write_html, write_markdown
-from mtrain.laboratory.results import LabRow, measure
+from mtrain.laboratory.report import report
+from mtrain.laboratory.results import LabRow
 from mtrain.run.directory import (
-    BEST,
     CONFIG_FILE,
     LAST,
     CheckpointError,
@@ -202,28 +199,3 @@ def train_one(
     minutes = (time.monotonic() - start) / 60
     log.info("run %d of %d: %s done in %.1f min", number, total, run.name, minutes)
 
-
-def report(
-    lab: Lab, lab_dir: Path, device: str = "auto", diverged: dict[str, str] | None = None
-) -> list[LabRow]:
-    """Measure the lab's trained runs and write its report; return the table's rows."""
-    rows, found = measure(lab.runs(), lab_dir, lab.probes, device)
-    if not rows:
-        return rows
-    first = rows[0].seed
-    attention = {
-        r.variant: cross_attention(r, lab.probes[0], device) for r in rows if r.seed == first
-    }
-    title = f"Lab: {lab.config} and {len(lab.variants)} variants, {lab.budget} each"
-    figures = draw_figures(rows, lab_dir, attention)
-    result = Report(rows, found, lab.probes, title, figures)
-    log.info("report: %s, %s", write_markdown(result, lab_dir), write_html(result, lab_dir))
-    return rows
-
-
-def cross_attention(row: LabRow, probe: str, device: str):
-    """The figure of a run's cross-attention for `probe`, titled with its variant."""
-    translator = open_run(row.run_dir, device, BEST, beam=1).translator
-    attention = Attention.of_translation(translator, probe)
-    attention.title = f"{row.variant}: {attention.title}"
-    return attention.figure("cross")

@@ -1,0 +1,340 @@
+"""What a lab measures and reports: test BLEU beside dev BLEU, the paired bootstrap's interval,
+Holm's correction, the seed noise and the verdicts, a run that diverged or never validated as a
+row, and a report.md and report.html that escape what a probe holds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import mtrain
+from mtrain.core.metrics import (
+    holm,
+    paired_bootstrap,
+    reference_streams,
+    resample_counts,
+    resampled_bleu,
+    score,
+)
+from mtrain.laboratory.plan import Budget, Lab, parse_variant
+from mtrain.laboratory.report import COLUMNS, markdown_table, report, table
+from mtrain.laboratory.results import LabRow, eval_set, run_verdict, summaries
+
+UPDATES = 10
+
+
+# The statistics, against hand-computed cases.
+
+
+def test_holm_adjusts_as_computed_by_hand() -> None:
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.02, 0.6]) == pytest.approx([0.04, 0.6])
+    assert holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1, and never below the one before
+    assert holm([0.3]) == [0.3]  # one comparison: nothing to correct
+
+
+def test_identical_systems_give_p_1_and_the_interval_0_0() -> None:
+    refs = [["a cat sat"], ["the man bit a dog"], ["who am I"], ["I hit him"]]
+    hyps = ["a cat sat down", "a dog bit the man", "who am I", "he hit me"]
+    base, same = paired_bootstrap([("a", hyps), ("b", list(hyps))], refs, "en")
+    assert (base.low, base.high) == (None, None)
+    assert same.p_value == 1.0
+    assert (same.low, same.high) == (0.0, 0.0)
+
+
+def constructed(n: int = 200) -> tuple[list[list[str]], list[str], list[str]]:
+    """A baseline right on every third sentence, a system right on every second."""
+    refs = [[f"the {i} cats sat on the mat number {i}"] for i in range(n)]
+    wrong = [f"a dog {i} stood near the door" for i in range(n)]
+    base = [r[0] if i % 3 == 0 else w for i, (r, w) in enumerate(zip(refs, wrong))]
+    system = [r[0] if i % 2 == 0 else w for i, (r, w) in enumerate(zip(refs, wrong))]
+    return refs, base, system
+
+
+def test_the_interval_holds_the_difference_and_is_nearly_symmetric() -> None:
+    refs, base, system = constructed()
+    _, compared = paired_bootstrap([("base", base), ("system", system)], refs, "en")
+    observed = compared.bleu - score(base, refs, "en").bleu
+    assert observed > 5
+    assert compared.low < observed < compared.high
+    assert compared.low > 0  # well away from 0: p-value at its floor
+    assert compared.p_value < 0.01
+    above, below = compared.high - observed, observed - compared.low
+    assert 0.6 < above / below < 1.6  # a percentile interval; symmetric-ish on this case
+
+
+def test_the_interval_is_over_sacrebleus_own_resamples() -> None:
+    """Our resampled BLEU of the system averages to what sacrebleu reports as its mean: the
+    same resamples, so the interval and the p-value describe the same draws."""
+    refs, base, system = constructed(60)
+    _, compared = paired_bootstrap([("base", base), ("system", system)], refs, "en", 300)
+    from sacrebleu.metrics import BLEU
+
+    resampled = resampled_bleu(
+        BLEU(), system, reference_streams(refs), resample_counts(60, 300, 12345)
+    )
+    assert resampled.mean() == pytest.approx(compared.mean, abs=1e-4)
+
+
+# The verdicts, on given BLEU numbers.
+
+
+def row(variant: str, seed: int, test: float | None, delta=None, p=None, status="") -> LabRow:
+    interval = None if delta is None else (delta - 0.5, delta + 0.5)
+    dev = None if test is None else test + 1
+    return LabRow(
+        variant, seed, () if variant == "baseline" else (f"x={variant}",), status,
+        1000, 0.1, 10.0, 100, 120, 1.0, dev, test, delta, interval, p, p, Path(f"{variant}-{seed}"),
+    )  # fmt: skip
+
+
+def seeds_lab() -> list[LabRow]:
+    """Baseline 20.0 and 20.4 (sd 0.28); four variants, two seeds each."""
+    rows = [row("baseline", 1, 20.0), row("baseline", 2, 20.4)]
+    for variant, deltas, p_values in (
+        ("worse", (-2.8, -3.4), (0.001, 0.001)),
+        ("mixed", (0.3, -0.2), (0.01, 0.02)),
+        ("small", (-0.4, -0.5), (0.01, 0.01)),
+        ("one-seed", (-3.0, -3.2), (0.001, 0.2)),
+        ("noisy", (0.1, 2.0), (0.01, 0.001)),
+    ):
+        rows += [
+            row(variant, seed, base + d, d, p)
+            for seed, base, d, p in zip((1, 2), (20.0, 20.4), deltas, p_values)
+        ]
+    return rows
+
+
+def test_the_verdict_over_seeds_on_given_numbers() -> None:
+    found = {s.variant: s for s in summaries(seeds_lab())}
+    assert found["baseline"].verdict == "seed noise: test BLEU 20.20 ± 0.28 over 2 seeds"
+    assert found["worse"].delta.mean == pytest.approx(-3.1)
+    assert found["worse"].delta.sd == pytest.approx(0.4243, abs=1e-4)  # sd of -2.8, -3.4
+    assert found["worse"].verdict == "worse by 3.1 ± 0.4 BLEU, beyond seed noise"
+    assert (
+        found["mixed"].verdict
+        == "within noise (+0.05 ± 0.35 BLEU): not on the same side of zero on every seed"
+    )
+    assert found["small"].verdict == (
+        "within noise (-0.45 ± 0.07 BLEU): within twice the seed noise (0.28)"
+    )
+    assert found["one-seed"].verdict.endswith("not significant on every seed")
+    # Its own spread is the larger noise: sd(0.1, 2.0) / √2 = 0.95, and 1.05 < 2 x 0.95
+    assert found["noisy"].verdict == (
+        "within noise (+1.1 ± 1.3 BLEU): within twice the seed noise (0.95)"
+    )
+    assert found["worse"].test.mean == pytest.approx(17.1)
+
+
+def test_several_seeds_add_a_mean_line_per_variant() -> None:
+    lines = table(seeds_lab())
+    assert [line[0] for line in lines[:3]] == ["baseline"] * 3
+    base_mean, worse = lines[2], lines[5]
+    seed = COLUMNS.index("seed")
+    assert (base_mean[seed], worse[seed]) == ("mean of 2", "mean of 2")
+    assert base_mean[COLUMNS.index("test BLEU")] == "20.20 ± 0.28"
+    assert worse[COLUMNS.index("Δ test BLEU [95% interval]")] == "-3.10 ± 0.42"
+    assert worse[-1] == "worse by 3.1 ± 0.4 BLEU, beyond seed noise"
+    assert lines[3][COLUMNS.index("Δ test BLEU [95% interval]")] == "-2.80 [-3.30, -2.30]"
+
+
+def test_one_seed_verdicts_and_runs_without_bleu() -> None:
+    assert run_verdict(row("x", 1, 17.0, -3.0, 0.001)) == "worse by 3.0 BLEU, significant"
+    assert run_verdict(row("x", 1, 20.5, 0.5, 0.2)) == "within test-set noise"
+    gone = row("x", 1, None, status="diverged at step 212: loss not finite")
+    assert run_verdict(gone) == "diverged at step 212: loss not finite"
+    lines = table([row("baseline", 1, 20.0), gone])
+    assert lines[1][COLUMNS.index("test BLEU")] == "–"
+    assert lines[1][-1] == "diverged at step 212: loss not finite"
+
+
+def test_a_probe_with_a_newline_or_html_keeps_the_markdown_table_whole() -> None:
+    text = markdown_table(["probe", "translation"], [["他\n打我 | <b>x</b>", "a*b `c`"]])
+    lines = text.splitlines()
+    assert len(lines) == 3  # header, rule, one row
+    assert "<b>" not in text and "&lt;b>" in text
+    assert lines[2].replace("\\|", "").count("|") == 3  # the row's own bars only
+
+
+def test_curves_have_distinct_colours_past_ten_runs(tmp_path) -> None:
+    runs = []
+    for i in range(12):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        records = [
+            {"step": s, "minutes": s / 10, "loss": 5 - s / 10 - i, "lr": 1e-3} for s in (10, 20)
+        ]
+        (run / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        runs.append(run)
+    from matplotlib.colors import to_hex
+
+    lines = mtrain.curves(*runs).axes[0].get_lines()
+    assert len(lines) == 12
+    assert len({to_hex(line.get_color()) for line in lines}) == 12  # 10 before: tab10 again
+
+
+# A small lab, trained once: reported whole, with a run that diverged and one never validated.
+
+
+@pytest.fixture(scope="module")
+def lab_dir(corpus, tmp_path_factory) -> tuple[Lab, Path]:
+    out = tmp_path_factory.mktemp("lab") / "lab"
+    overrides = [
+        *(f"data.{k}={v}" for k, v in corpus.items()),
+        "tokenizer.vocab_size=300",
+        f"train.eval_every={UPDATES}",
+        "train.batch_tokens=512",
+        "train.precision=fp32",
+    ]
+    probes = ("我打他", "他打我", "一二\n<b>三</b> | 四")
+    mtrain.lab(
+        "configs/tiny.yaml",
+        ["no-positions"],
+        out,
+        updates=UPDATES,
+        seeds=(1, 2),
+        overrides=overrides,
+        probes=probes,
+        device="cpu",
+    )
+    lab = Lab(
+        Path("configs/tiny.yaml"),
+        (parse_variant("no-positions"),),
+        Budget(updates=UPDATES),
+        (1, 2),
+        tuple(overrides),
+        probes,
+    )
+    return lab, out
+
+
+def parameters(run_dir: Path) -> int:
+    from mtrain.decoding.loaded import open_run
+
+    return sum(p.numel() for p in open_run(run_dir, "cpu").run.model.parameters())
+
+
+def md_table(text: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header}"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.replace("\\|", "\x00").strip("|").split("|")])
+    return [[c.replace("\x00", "|") for c in r] for i, r in enumerate(rows) if i != 1]
+
+
+def test_the_report_measures_what_it_compares(lab_dir) -> None:
+    lab, out = lab_dir
+    rows = report(lab, out, "cpu", {})
+    assert [(r.variant, r.seed) for r in rows] == [(r.variant, r.seed) for r in lab.runs()]
+    test = eval_set(out / "baseline-seed1", "test")
+    dev = eval_set(out / "baseline-seed1", "dev")
+    assert test.sources != dev.sources
+    base = {r.seed: r for r in rows if r.variant == "baseline"}
+    for r in rows:
+        kept = json.loads((out / "translations" / f"{r.name}.json").read_text("utf-8"))
+        assert r.test_bleu == pytest.approx(score(kept["test"], test.references, "en").bleu)
+        assert r.dev_bleu == pytest.approx(score(kept["dev"], dev.references, "en").bleu)
+        assert (r.best_step, r.updates, r.dropout, r.status) == (UPDATES, UPDATES, 0.1, "")
+        assert r.parameters == parameters(r.run_dir)
+        assert r.updates_per_s > 0
+        if r.variant != "baseline":
+            assert r.delta == pytest.approx(r.test_bleu - base[r.seed].test_bleu)
+            assert r.interval[0] <= r.delta <= r.interval[1]
+            assert r.p_holm == r.p_value  # one variant: nothing to correct
+    assert rows[0].parameters != rows[1].parameters or rows[0].changes != rows[1].changes
+
+    text = (out / "report.md").read_text("utf-8")
+    cells = md_table(text, "variant | changes")
+    assert cells[0] == list(COLUMNS)
+    assert [c[COLUMNS.index("seed")] for c in cells[1:]] == ["1", "2", "mean of 2"] * 2
+    assert cells[1][COLUMNS.index("test BLEU")] == f"{rows[0].test_bleu:.2f}"
+    probes = md_table(text, "variant | 我打他")
+    assert probes[0] == ["variant", "我打他", "他打我", "一二 ↵ &lt;b>三&lt;/b> | 四"]
+    assert [p[0] for p in probes[1:]] == ["baseline", "no-positions"]
+    page = (out / "report.html").read_text("utf-8")
+    assert "<b>三" not in page and "&lt;b&gt;三" in page
+    for figure in ("differences.png", "attention.png", "curves.png"):
+        assert f'src="{figure}"' in page and f"]({figure})" in text
+        assert (out / figure).stat().st_size > 1000
+
+
+def test_the_test_translations_are_kept(lab_dir, monkeypatch) -> None:
+    """A second report translates nothing again: the test set is kept beside the dev set."""
+    lab, out = lab_dir
+    from mtrain.laboratory import results
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("translated again")
+
+    monkeypatch.setattr(results, "open_run", refuse)
+    rows = report(lab, out, "cpu", {})
+    assert all(r.test_bleu is not None for r in rows)
+
+
+def test_a_run_that_diverged_or_never_validated_is_a_row(lab_dir, tmp_path) -> None:
+    lab, out = lab_dir
+    work = tmp_path / "lab"
+    shutil.copytree(out, work, symlinks=True)
+    (work / "no-positions-seed2" / "best.pt").unlink()
+    diverged = {"no-positions-seed1": "diverged at step 7: loss not finite"}
+    rows = report(lab, work, "cpu", diverged)
+    assert [r.name for r in rows] == [r.name for r in lab.runs()]
+    gone, unvalidated = rows[1], rows[3]
+    assert gone.status == "diverged at step 7: loss not finite"
+    assert unvalidated.status.startswith("never validated")
+    assert all(r.test_bleu is None and r.delta is None for r in (gone, unvalidated))
+    assert gone.updates == UPDATES  # what it trained is still shown
+    text = (work / "report.md").read_text("utf-8")
+    lines = {c[0] + c[2]: c for c in md_table(text, "variant | changes")[1:]}
+    assert lines["no-positions1"][-1] == "diverged at step 7: loss not finite"
+    assert lines["no-positions1"][COLUMNS.index("test BLEU")] == "–"
+    assert lines["no-positions2"][-1].startswith("never validated")
+    assert "differences.png" not in text  # nothing to compare
+
+
+def test_a_baseline_only_lab_reports_its_seed_noise(lab_dir) -> None:
+    lab, out = lab_dir
+    alone = Lab(lab.config, (), lab.budget, lab.seeds, lab.overrides, lab.probes)
+    rows = report(alone, out, "cpu", {})
+    assert [r.name for r in rows] == ["baseline-seed1", "baseline-seed2"]
+    text = (out / "report.md").read_text("utf-8")
+    mean = md_table(text, "variant | changes")[-1]
+    tests = [r.test_bleu for r in rows]
+    import statistics
+
+    expected = f"{statistics.mean(tests):.2f} ± {statistics.stdev(tests):.2f}"
+    assert mean[COLUMNS.index("test BLEU")] == expected
+    assert mean[-1] == f"seed noise: test BLEU {expected} over 2 seeds"
+    assert "the baseline alone" in text.splitlines()[0]
+
+
+def test_the_figure_of_differences_has_a_row_per_variant() -> None:
+    from mtrain.figures.lab import Difference, VariantDifferences, draw_differences
+
+    variants = [
+        VariantDifferences(
+            "one-head",
+            [Difference(1, -1.0, -1.5, -0.5, True), Difference(2, -2.0, -2.4, -1.6, True)],
+        ),
+        VariantDifferences("no-scale", [], "diverged at step 212: loss not finite"),
+    ]
+    ax = draw_differences(variants, seed_sd=0.3).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["one-head", "no-scale"]
+    assert "diverged at step 212: loss not finite" in [t.get_text().strip() for t in ax.texts]
+    (band,) = ax.patches  # the seed noise: ± 2 sd around zero
+    assert band.get_x() == pytest.approx(-0.6) and band.get_width() == pytest.approx(1.2)
+
+
+def test_the_attention_shows_the_word_order_probes_or_the_first() -> None:
+    from mtrain.laboratory.report import attention_probes
+
+    assert attention_probes(("我是谁", "他打我", "我打他")) == ("我打他", "他打我")
+    assert attention_probes(("我是谁", "我打他")) == ("我是谁",)
