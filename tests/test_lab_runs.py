@@ -114,7 +114,7 @@ def test_the_presets_config_is_found_from_any_directory(tmp_path, monkeypatch) -
     assert quick.config.is_absolute() and quick.config.is_file()
     corpora = dict(quick.overrides[:4])  # the config's corpora, found in the clone
     assert Path(corpora["data.train"]).is_file() and Path(corpora["data.dev"]).is_file()
-    assert quick.overrides[4:] == ("train.lr=1e-3",)
+    assert quick.overrides[4:] == (*QUICK.overrides, "train.lr=1e-3")  # the user's last
     assert quick.budget == QUICK.budget and len(quick.variants) == len(QUICK.variants)
     full = make_lab(None, [], preset="full")
     assert [v.name for v in full.variants] == list(VARIANTS) == list(FULL.variants)

@@ -38,9 +38,9 @@ ProbeOption = Annotated[
 PresetOption = Annotated[
     str | None,
     typer.Option(
-        help="A lab ready to run: quick (6 variants, one seed, about 30 min on 2 cores) or "
-        "full (every variant, seeds 1 and 2, 2,000 updates each: an estimated 9-10 hours on 2 "
-        "fp32 cores, 4-5 with bf16). Its config is the clone's configs/default.yaml."
+        help="A lab ready to run: quick (2 variants, one seed, about 30 min on 2 cores) or "
+        "full (every variant, seeds 1 and 2, 2,000 updates each: an estimated 6 hours on 2 "
+        "fp32 cores, 3 with bf16). Its config is the clone's configs/default.yaml."
     ),
 ]
 

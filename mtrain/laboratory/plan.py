@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtrain.core.config import LOCATIONS, Override, read_config
 from mtrain.core.config import VARIANTS as MODEL_VARIANTS
-from mtrain.core.config import Override, read_config
 from mtrain.core.errors import OptionError
 
 BASELINE = "baseline"
@@ -88,22 +88,31 @@ class Preset:
     budget: Budget
     variants: tuple[str, ...]
     seeds: tuple[int, ...] = (1,)
+    overrides: tuple[str, ...] = ()  # every run's, before any --set
 
 
-# quick: the baseline and 6 variants, one seed: 7 runs in about 30 minutes on two CPU cores.
-# configs/default.yaml trains about 3.7 updates/s there (bf16). Besides its updates, a run spends
-# (estimated, not measured) ~5 s starting and ~25 s per greedy pass over the 2,245 dev sentences,
-# of which it makes four: the validations at 500 updates and at the end, the averaged
-# checkpoints', the lab's own; ~105 s. The corpus is prepared once, before the first run (~60 s).
-# 60 s + 7 x (105 s + 550 / 3.7 s) = 1,838 s, 31 minutes: 550 updates a run.
+# quick: a learner's first lab, within 35 minutes on 2 fp32 cores of the AVX2 class, its
+# baseline trained far enough to translate (dev BLEU 15 and up needs about 1,000 updates at
+# this schedule: docs/lab.md), so three runs: the baseline, and the two parts whose loss shows
+# on the probes: positions (我打他 / 他打我) and the causal mask (peek). On the AVX2-only EPYC of
+# docs/results.md (2026-12-04) the default trains about 2.6 updates/s in fp32; a run spends
+# ~2 min besides its updates: two validations (eval_every 600, no averaged checkpoint) and the
+# lab's own greedy passes over dev and test. 3 x (1,200 / 2.6 + 120) s + 60 s = 29.7 minutes.
 QUICK = Preset(
     Path("configs/default.yaml"),
-    Budget(updates=550),
-    ("no-positions", "peek", "no-scale", "no-residual", "no-layernorm", "one-head"),
+    Budget(updates=1200),
+    ("no-positions", "peek"),
+    overrides=("train.eval_every=600", "train.average_last=0"),
 )
 # full: every named variant, two seeds: 24 runs of 2,000 updates. Estimated, not measured: at
-# ~1.5 updates/s (2 fp32 cores) 24 x (2,000 / 1.5 + 105) s = 9.6 hours; ~4.3 hours at 3.7 (bf16).
-FULL = Preset(Path("configs/default.yaml"), Budget(updates=2000), tuple(VARIANTS), (1, 2))
+# ~2.6 updates/s (2 fp32 AVX2 cores) 24 x (2,000 / 2.6 + 150) s = 6.1 hours; ~3 at bf16 speed.
+FULL = Preset(
+    Path("configs/default.yaml"),
+    Budget(updates=2000),
+    tuple(VARIANTS),
+    (1, 2),
+    ("train.eval_every=500", "train.average_last=0"),
+)
 PRESETS = {"quick": QUICK, "full": FULL}
 # the keys a lab sets for every run alike: no variant or --set may change them
 LAB_KEYS = {
@@ -127,8 +136,10 @@ def preset_config(preset: Preset) -> tuple[Path, tuple[Override, ...]]:
     data = (read_config(path) or {}).get("data") or {}
     in_clone = tuple(
         (f"data.{key}", str(clone / value))
-        for key in ("train", "dev", "test", "prepared_dir")
-        if isinstance(value := data.get(key), str) and not Path(value).is_absolute()
+        for (section, key) in LOCATIONS
+        if section == "data"
+        and isinstance(value := data.get(key), str)
+        and not Path(value).is_absolute()
     )
     return path, in_clone
 
@@ -245,7 +256,7 @@ def preset_lab(name: str, **changes) -> Lab:
     config, in_clone = given.pop("config", None), ()
     if config is None:
         config, in_clone = preset_config(preset)
-    given["overrides"] = (*in_clone, *given.get("overrides", ()))
+    given["overrides"] = (*in_clone, *preset.overrides, *given.get("overrides", ()))
     lab = Lab(
         config,
         preset.budget,

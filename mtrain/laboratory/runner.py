@@ -198,4 +198,3 @@ def train_one(
     train(lab.config, list(run.overrides), run_dir)
     minutes = (time.monotonic() - start) / 60
     log.info("run %d of %d: %s done in %.1f min", number, total, run.name, minutes)
-
