@@ -190,7 +190,7 @@ def lab_dir(corpus, tmp_path_factory) -> tuple[Lab, Path]:
         "train.batch_tokens=512",
         "train.precision=fp32",
     ]
-    probes = ("我打他", "他打我", "一二\n<b>三</b> | 四")
+    probes = ("我打他", "他打我", "一二<b>三</b> | 四")  # a lab refuses a newline
     mtrain.lab(
         "configs/tiny.yaml",
         ["no-positions"],
@@ -203,8 +203,8 @@ def lab_dir(corpus, tmp_path_factory) -> tuple[Lab, Path]:
     )
     lab = Lab(
         Path("configs/tiny.yaml"),
-        (parse_variant("no-positions"),),
         Budget(updates=UPDATES),
+        (parse_variant("no-positions"),),
         (1, 2),
         tuple(overrides),
         probes,
@@ -257,7 +257,7 @@ def test_the_report_measures_what_it_compares(lab_dir) -> None:
     assert [c[COLUMNS.index("seed")] for c in cells[1:]] == ["1", "2", "mean of 2"] * 2
     assert cells[1][COLUMNS.index("test BLEU")] == f"{rows[0].test_bleu:.2f}"
     probes = md_table(text, "variant | 我打他")
-    assert probes[0] == ["variant", "我打他", "他打我", "一二 ↵ &lt;b>三&lt;/b> | 四"]
+    assert probes[0] == ["variant", "我打他", "他打我", "一二&lt;b>三&lt;/b> | 四"]
     assert [p[0] for p in probes[1:]] == ["baseline", "no-positions"]
     page = (out / "report.html").read_text("utf-8")
     assert "<b>三" not in page and "&lt;b&gt;三" in page
@@ -302,7 +302,7 @@ def test_a_run_that_diverged_or_never_validated_is_a_row(lab_dir, tmp_path) -> N
 
 def test_a_baseline_only_lab_reports_its_seed_noise(lab_dir) -> None:
     lab, out = lab_dir
-    alone = Lab(lab.config, (), lab.budget, lab.seeds, lab.overrides, lab.probes)
+    alone = Lab(lab.config, lab.budget, (), lab.seeds, lab.overrides, lab.probes)
     rows = report(alone, out, "cpu", {})
     assert [r.name for r in rows] == ["baseline-seed1", "baseline-seed2"]
     text = (out / "report.md").read_text("utf-8")
