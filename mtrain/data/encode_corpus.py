@@ -232,6 +232,11 @@ def _encode(
             _count_bad(chunk, files[chunk.corpus])
             files[chunk.corpus].pairs += len(chunk.hashes)
             bar.update(chunk.lines)
+        # Workers told to stop and waited for: the `with` alone would terminate them, and a
+        # worker killed inside the task queue's lock can leave its replacement blocked on it
+        # for ever (Pool.terminate's race with its own repopulation; seen hanging the suite).
+        pool.close()
+        pool.join()
     if not lengths:
         return np.zeros((0, 2), LENGTH_DTYPE), np.zeros(0, np.uint64), counts, files
     return np.concatenate(lengths), np.concatenate(hashes), counts, files
