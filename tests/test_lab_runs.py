@@ -234,10 +234,15 @@ def test_a_diverging_variant_is_a_row_and_the_lab_goes_on(corpus, tmp_path, capl
     caplog.set_level("INFO")
     options = dict(updates=10, overrides=common, probes=["我打他"], device="cpu")
     rows = mtrain.lab(TINY, [boom, "one-head"], out, **options)
-    assert [r.variant for r in rows] == ["baseline", "one-head"]
     log = caplog.text
     diverged = re.search(r"run 2 of 3: boom-seed1 (diverged at step \d+: loss not finite)", log)
     assert diverged, log
+    # the diverged run is a row that says so, and the run after it trained
+    assert [(r.variant, r.status) for r in rows] == [
+        ("baseline", ""),
+        ("boom", diverged.group(1)),
+        ("one-head", ""),
+    ]
     record = json.loads((out / LAB_FILE).read_text())
     assert record["runs"] == {"boom-seed1": {"diverged": diverged.group(1)}}
     assert (out / "report.md").is_file()
@@ -273,7 +278,7 @@ def test_a_baseline_only_lab_at_equal_time_honours_its_minutes(corpus, tmp_path)
     lab = ["lab", "-c", str(TINY), "--minutes", "0.05", "--seeds", "1,2", "--out", str(out)]
     done = mtrain_command(*lab, "--probe", "我打他", "--device", "cpu", *common)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| variant | seed |")
+    assert done.stdout.startswith("| variant | changes | seed |")
     assert "lab: 2 runs of 0.05 minutes; about 0 min at" in done.stderr
     for name in ("baseline-seed1", "baseline-seed2"):
         state = peek_checkpoint(out / name / LAST)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtrain.core import jsonl
 from mtrain.core.files import write_atomic
 from mtrain.decoding.loaded import open_run
 from mtrain.figures.attention import Attention
@@ -443,7 +444,8 @@ def draw_figures(
             "cross-attention (the last decoder layer, the mean of its heads): which source "
             "piece each output piece looks at, for each sentence and run"
         )
-    logged = [r.run_dir for r in rows if any((r.run_dir / f).is_file() for f in LOGS)]
+    # a run that diverged before its first log line has nothing to draw
+    logged = [r.run_dir for r in rows if any(jsonl.read(r.run_dir / f) for f in LOGS)]
     if logged:
         save(draw_curves(logged), lab_dir / CURVES)
         figures[CURVES] = "every run's training curves, against updates and against minutes"
