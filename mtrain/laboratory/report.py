@@ -101,10 +101,10 @@ SEEDS_VERDICT = (
     "spread over seeds."
 )
 POSITIONS_TEXT = (
-    "Without positions the encoder reads 我打他 and 他打我 as the same bag of pieces: "
-    "no-positions gives the two one translation, and its attention follows each piece "
-    "wherever it stands. The baseline can tell them apart, once trained far enough to "
-    "translate them."
+    "Without positions the encoder sees each piece without its place: its attention follows a "
+    "piece wherever it stands, and it can tell 我打他 from 他打我 only where the two are cut "
+    "into different pieces (SentencePiece marks a word's first piece: ▁我 is not 我). Compare "
+    "the pieces under each map, and the two rows' translations."
 )
 CURVES, DIFFERENCES, ATTENTION = "curves.png", "differences.png", "attention.png"
 POSITION_PROBES = ("我打他", "他打我")  # the same characters in another order
