@@ -55,21 +55,16 @@ def train_run(
     and the best dev BLEU. Ctrl-C raises `Interrupted` once a checkpoint is saved, `Stopped`
     where none could be."""
     from mtrain.core import distributed  # imported here: keeps `translate` light
-    from mtrain.training import tensorboard_log
 
     group = distributed.from_env()
     run_dir = out or RUNS_ROOT / f"{config_path.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    cfg = config.load(config_path, overrides, require_data=True, run=resumed(run_dir))
-    tensorboard_log.require(cfg.train)
+    cfg = start_config(config_path, overrides, run_dir)
     torch_device = runtime.pick_device(device, group.local_rank)
-    resolve_data(cfg, config_path)
     parent = None
-    if cfg.train.init_from:  # checked before anything is written; rank 0 alone reads it
+    if cfg.train.init_from and group.is_main:  # checked before anything is written
         from mtrain.run import lineage
 
-        cfg.train.init_from = os.path.abspath(cfg.train.init_from)
-        if group.is_main:
-            parent = lineage.start(cfg, run_dir, config_path, overrides)
+        parent = lineage.start(cfg, run_dir, config_path, overrides)
     if group.is_main:
         check_out(run_dir)
     distributed.start(group, torch_device, peer_timeout)
@@ -80,22 +75,29 @@ def train_run(
     return (run_dir if group.is_main else None), best
 
 
-def check_start(config_path: Path, overrides: list, run_dir: Path) -> tuple:
-    """What `mtrain train` checks at a run's start, writing nothing: the run's config as it
-    would train, and the tokenizer its corpus is encoded with where not its own (a parent's)."""
-    from mtrain.data.tokenizer import Tokenizer
-    from mtrain.run import lineage
+def start_config(config_path: Path, overrides: list[config.Override], run_dir: Path) -> Config:
+    """The config a run in `run_dir` starts with (a resumed run's own values where the file
+    names none), checked, its data paths made absolute and its parent's path too."""
     from mtrain.training import tensorboard_log
 
     cfg = config.load(config_path, overrides, require_data=True, run=resumed(run_dir))
     tensorboard_log.require(cfg.train)
     resolve_data(cfg, config_path)
-    held = run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir()))
-    if held and not is_run_dir(run_dir):
-        raise OptionError(f"{run_dir}: holds other files and no run")
-    parent = None
     if cfg.train.init_from:
         cfg.train.init_from = os.path.abspath(cfg.train.init_from)
+    return cfg
+
+
+def check_start(config_path: Path, overrides: list, run_dir: Path) -> tuple:
+    """What `mtrain train` checks at a run's start, writing nothing: the run's config as it
+    would train, and the tokenizer its corpus is encoded with where not its own (a parent's)."""
+    from mtrain.data.tokenizer import Tokenizer
+    from mtrain.run import lineage
+
+    cfg = start_config(config_path, overrides, run_dir)
+    refuse_out(run_dir)
+    parent = None
+    if cfg.train.init_from:
         parent = lineage.start(cfg, run_dir, config_path, overrides)
     if resumed(run_dir) is not None:
         check_resumable(run_dir, cfg)
@@ -196,13 +198,18 @@ def is_run_dir(path: Path) -> bool:
 
 def check_out(run_dir: Path) -> None:
     """Make the run directory, refusing one that holds anything but a run."""
+    refuse_out(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def refuse_out(run_dir: Path) -> None:
+    """Refuse a run directory that is a file, or holds other files and no run."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OptionError(f"--out {run_dir}: exists and is not a directory")
     if run_dir.is_dir() and not is_run_dir(run_dir) and any(run_dir.iterdir()):
         raise OptionError(
             f"--out {run_dir}: holds other files and no run; use a new or empty directory"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def rank_0s_config(cfg: Config, group: Group) -> Config:
