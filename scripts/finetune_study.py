@@ -5,7 +5,8 @@
 
 `longer` (train longer): run A for the budget, run B from A's best.pt for the same budget,
 one run of twice the budget, and A resumed with twice the budget (refused where A's learning
-rate is annealed: the table says so).
+rate is annealed: the table says so). Each `--restart "KEY=VALUE ..."` adds a run like B with
+those settings (a warm-start recipe: `--restart "train.lr=1e-3 train.warmup_steps=100"`).
 
 `own` (your own small corpus): the shipped training pairs whose source names 汤姆 or whose
 English names Tom (every translation of such a source with them) are held out as the user's
@@ -50,6 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--finetune-minutes", type=float, default=5.0)
     parser.add_argument("--finetune-max-steps", type=int, help="instead of --finetune-minutes")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="of the short runs")
+    parser.add_argument(
+        "--restart",
+        action="append",
+        default=[],
+        metavar="'KEY=VALUE ...'",
+        help="a run like B from A's best.pt with these settings (repeatable)",
+    )
     parser.add_argument("--slice-target", default=SLICE_TARGET, help="regex on the English")
     parser.add_argument("--slice-source", default=SLICE_SOURCE, help="regex on the source")
     parser.add_argument("--slice-heldout", type=float, default=0.1, help="share for dev, test")
@@ -126,6 +134,11 @@ class Study:
         rows = [self.row("A (one budget)", root / "A", [test], first)]
         error = first or self.train(root / "B", base, root / "A")
         rows.append(self.row("B from A's best.pt (one more)", root / "B", [test], error))
+        for recipe in a.restart:
+            settings = recipe.split()
+            out = root / ("B-" + "-".join(re.sub(r"[^\w.=-]", "_", s) for s in settings))
+            error = first or self.train(out, [*base, *settings], root / "A")
+            rows.append(self.row(f"B from A's best.pt, {' '.join(settings)}", out, [test], error))
         error = self.train(root / "double", double)
         rows.append(self.row("one run, twice the budget", root / "double", [test], error))
         resumed = root / "A-resumed"
