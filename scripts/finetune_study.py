@@ -132,13 +132,11 @@ class Study:
         test = test_files(self.cfg.data.test, self.cfg, root / "data" / "test")
         first = self.train(root / "A", base)
         rows = [self.row("A (one budget)", root / "A", [test], first)]
-        error = first or self.train(root / "B", base, root / "A")
-        rows.append(self.row("B from A's best.pt (one more)", root / "B", [test], error))
-        for recipe in a.restart:
-            settings = recipe.split()
-            out = root / ("B-" + "-".join(re.sub(r"[^\w.=-]", "_", s) for s in settings))
+        for settings in [[], *(recipe.split() for recipe in a.restart)]:  # B, then each --restart
+            out = root / "-".join(["B", *(re.sub(r"[^\w.=-]", "_", s) for s in settings)])
+            name = "B from A's best.pt" + (f", {' '.join(settings)}" if settings else " (one more)")
             error = first or self.train(out, [*base, *settings], root / "A")
-            rows.append(self.row(f"B from A's best.pt, {' '.join(settings)}", out, [test], error))
+            rows.append(self.row(name, out, [test], error))
         error = self.train(root / "double", double)
         rows.append(self.row("one run, twice the budget", root / "double", [test], error))
         resumed = root / "A-resumed"
