@@ -24,15 +24,18 @@ where it stopped. Prints Markdown tables on stdout; the runs' progress goes to s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mtrain.core import config
+from mtrain.core.metrics import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
 from mtrain.run.directory import LAST, load_checkpoint, training_summary
@@ -95,8 +98,10 @@ class Study:
         errors = [line for line in done.stderr.splitlines() if line.startswith("mtrain: error")]
         return errors[-1] if errors else f"exit status {done.returncode}"
 
-    def bleu(self, run: Path, test: Path) -> float | None:
-        """Test BLEU of `run`'s best.pt on the grouped test set `test` (test_files writes it)."""
+    @functools.cache  # noqa: B019 (one Study a process)
+    def translate(self, run: Path, test: Path) -> Hypotheses | None:
+        """`run`'s best.pt on the grouped test set `test` (test_files writes it): its test BLEU
+        and its translations, one a line."""
         refs = sorted(test.parent.glob(f"{test.name}.ref*"))
         command = [sys.executable, "-m", "mtrain", "eval", "--run", str(run), "--json"]
         command += ["--src", f"{test}.src", *(f"--ref={ref}" for ref in refs)]
@@ -104,23 +109,35 @@ class Study:
         if done.returncode:
             sys.stderr.write(done.stderr[-2000:])
             return None
-        return json.loads(done.stdout)["bleu"]
+        result = json.loads(done.stdout)
+        lines = Path(result["hypotheses"]).read_text(encoding="utf-8").splitlines()
+        return Hypotheses(result["bleu"], lines)
 
-    def row(self, name: str, run: Path, tests: list[Path], error: str | None) -> list[str]:
-        """A table row: name, updates, minutes, best dev BLEU, and each test's BLEU."""
+    def row(
+        self,
+        name: str,
+        run: Path,
+        tests: list[Path],
+        error: str | None,
+        base: list[Hypotheses | None] | None = None,
+    ) -> list[str]:
+        """A table row: name, updates, minutes, best dev BLEU, and each test's BLEU; with
+        `base` (the base run's translations of each test), each test's difference from the
+        base with its 95% paired-bootstrap interval."""
+        n_cells = 2 + len(tests) * (1 if base is None else 2)
         if error is not None or not (run / LAST).exists():
-            return [name, error or "no run", *[""] * (2 + len(tests))]
+            return [name, error or "no run", *[""] * n_cells]
         summary = training_summary(run)
         step = load_checkpoint(run / LAST)["step"]
         dev = summary["best_dev_bleu"]
-        scores = [self.bleu(run, test) for test in tests]
-        return [
-            name,
-            f"{step:,}",
-            f"{summary['minutes']:.1f}",
-            "" if dev is None else f"{dev:.2f}",
-            *["failed" if s is None else f"{s:.2f}" for s in scores],
-        ]
+        cells = [name, f"{step:,}", f"{summary['minutes']:.1f}"]
+        cells.append("" if dev is None else f"{dev:.2f}")
+        for k, test in enumerate(tests):
+            ours = self.translate(run, test)
+            cells.append("failed" if ours is None else f"{ours.bleu:.2f}")
+            if base is not None:
+                cells.append(difference(base[k], ours, test, self.cfg.data.tgt_lang))
+        return cells
 
     def longer(self) -> list[list[str]]:
         """Study (a): A, B from A, twice the budget, A resumed with twice the budget."""
@@ -156,7 +173,8 @@ class Study:
         tests = [slice_test, general_test]
         base = root / "base"
         error = self.train(base, [f"data.train={files['rest']}", *budget(a.minutes, a.max_steps)])
-        rows = [self.row("base (general pairs only)", base, tests, error)]
+        scored = [None if error else self.translate(base, test) for test in tests]
+        rows = [self.row("base (general pairs only)", base, tests, error, [None] * len(tests))]
         short = budget(a.finetune_minutes, a.finetune_max_steps)
         on_slice = [f"data.train={files['train']}", f"data.dev={files['dev']}"]
         on_slice += [f"data.test={files['test']}"]
@@ -172,8 +190,31 @@ class Study:
                 settings = [*data, *short, f"train.seed={seed}"]
                 failed = error if parent is not None else None
                 failed = failed or self.train(out, settings, parent)
-                rows.append(self.row(f"{name} (seed {seed})", out, tests, failed))
+                rows.append(self.row(f"{name} (seed {seed})", out, tests, failed, scored))
         return rows
+
+
+@dataclass
+class Hypotheses:
+    bleu: float
+    lines: list[str]
+
+
+def difference(base: Hypotheses | None, ours: Hypotheses | None, test: Path, tgt_lang: str) -> str:
+    """`ours` BLEU minus the base's on `test`, and the 95% interval of that difference over
+    sacrebleu's paired bootstrap resamples (mtrain.core.metrics, as `mtrain lab` computes it)."""
+    if base is None or ours is None:
+        return ""
+    streams = [read_lines(ref) for ref in sorted(test.parent.glob(f"{test.name}.ref*"))]
+    references = [[r for r in refs if r.strip()] for refs in zip(*streams)]
+    _, compared = paired_bootstrap(
+        [("base", base.lines), ("run", ours.lines)], references, tgt_lang
+    )
+    return f"{compared.bleu - base.bleu:+.2f} [{compared.low:+.2f}, {compared.high:+.2f}]"
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
 
 
 def test_files(test: str | dict, cfg: config.Config, stem: Path) -> Path:
@@ -252,7 +293,8 @@ def main(argv: list[str] | None = None) -> None:
         print(table([*columns, "test BLEU"], study.longer()))
         print()
     if args.study in ("own", "both"):
-        print(table([*columns, "slice test BLEU", "general test BLEU"], study.own()))
+        tests = ["slice test BLEU", "Δ vs base [95%]", "general test BLEU", "Δ vs base [95%]"]
+        print(table([*columns, *tests], study.own()))
 
 
 if __name__ == "__main__":
