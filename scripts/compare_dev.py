@@ -8,8 +8,9 @@ Each --system is NAME=RUN, optionally followed by `:beam=N`, `:alpha=A` or `:che
 baseline run's config (`data.dev` unless --split test), each source once with all of its
 references, and sacrebleu's paired bootstrap resampling (what `sacrebleu --paired-bs` runs)
 compares each system with the baseline. Prints a Markdown table on stdout: BLEU, the bootstrap
-mean with its 95% confidence interval, and the p-value (a small p-value says the difference
-from the baseline is unlikely to be resampling noise); progress on stderr.
+mean with its 95% confidence interval, the difference from the baseline with the 95% interval
+of that difference over the same resamples, and the p-value (a small p-value says the
+difference is unlikely to be resampling noise); progress on stderr.
 
 Compare training recipes at an equal number of updates, and once per seed: the decision is the
 mean over seeds, with each seed's p-value beside it (docs/recipes.md).
@@ -85,14 +86,17 @@ def main() -> None:
     signature = compared[0].signature
     print(f"{corpus.path}, {len(sources)} sources; {args.samples} resamples; {signature}")
     print()
-    print("| system | BLEU | bootstrap mean ± 95% CI | difference | p-value |")
+    print("| system | BLEU | bootstrap mean ± 95% CI | difference [95% interval] | p-value |")
     print("|---|---|---|---|---|")
     base = compared[0].bleu
     for result in compared:
         p = "(baseline)" if result.p_value is None else f"{result.p_value:.4f}"
+        difference = f"{result.bleu - base:+.2f}"
+        if result.low is not None:
+            difference += f" [{result.low:+.2f}, {result.high:+.2f}]"
         print(
             f"| {result.name} | {result.bleu:.2f} | {result.mean:.2f} ± {result.ci:.2f} "
-            f"| {result.bleu - base:+.2f} | {p} |"
+            f"| {difference} | {p} |"
         )
 
 

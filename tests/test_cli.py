@@ -76,6 +76,23 @@ def test_eval_of_a_test_set_given_as_two_files(run_dir, tmp_path):
     assert Path(scores["hypotheses"]).name == "test.hyp.en"
 
 
+def test_another_search_keeps_the_hypotheses_of_the_runs_own(run_dir, tmp_path):
+    src, ref = tmp_path / "src.zh", tmp_path / "ref.en"
+    src.write_text("我是谁\n今天是星期二\n")
+    ref.write_text("Who am I?\nToday is Tuesday.\n")
+    files = {}
+    for options in [(), ("--beam", "1"), ("--beam", "2", "--checkpoint", "last.pt")]:
+        args = ["eval", "--run", str(run_dir), "--src", str(src), "--ref", str(ref), "--json"]
+        result = mtrain(*args, *options)
+        assert result.returncode == 0, result.stderr
+        path = Path(json.loads(result.stdout)["hypotheses"])
+        files[path.name] = path.read_text(encoding="utf-8")
+    assert list(files) == ["src.zh.hyp.en", "src.zh.beam1.hyp.en", "src.zh.beam2.last.hyp.en"]
+    greedy = mtrain("translate", "--run", str(run_dir), "--beam", "1", input=src.read_text())
+    assert files["src.zh.beam1.hyp.en"] == greedy.stdout
+    assert (run_dir / "src.zh.hyp.en").read_text(encoding="utf-8") == files["src.zh.hyp.en"]
+
+
 def test_eval_files_with_several_references(run_dir, tmp_path):
     src, ref1, ref2 = tmp_path / "src.zh", tmp_path / "ref1.en", tmp_path / "ref2.en"
     src.write_text("我是谁\n今天是星期二\n")

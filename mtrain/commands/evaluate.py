@@ -81,11 +81,11 @@ def evaluate(
         sources, references = group_references(
             read_pairs(test, cfg.data.src_lang, cfg.data.tgt_lang, scored=True)
         )
-        hyp_path = run_dir / f"{test.path.stem}.hyp.{cfg.data.tgt_lang}"
-        source_name = test.path
+        stem, source_name = test.path.stem, test.path
     else:
         sources, references = read_test_files(src, ref)
-        hyp_path, source_name = run_dir / f"{src.name}.hyp.{cfg.data.tgt_lang}", src
+        stem, source_name = src.name, src
+    hyp_path = run_dir / f"{stem}{search_name(decoding)}.hyp.{cfg.data.tgt_lang}"
     if not sources:
         fail(f"{source_name}: no sentences to evaluate")
     hyps = [t[0].text for t in translator.stream(sources)]
@@ -102,6 +102,18 @@ def evaluate(
     else:
         typer.echo(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
         typer.echo(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+
+
+def search_name(d: Decoding) -> str:
+    """What the hypotheses' file name says of the options given (".beam1.last" for `--beam 1
+    --checkpoint last.pt`), so that another search keeps the file of the run's own."""
+    given = [
+        "" if d.beam is None else f"beam{d.beam}",
+        "" if d.alpha is None else f"alpha{d.alpha:g}",
+        "" if d.checkpoint == BEST else Path(d.checkpoint).stem,
+        "" if d.quantize is Quantize.none else d.quantize.value,
+    ]
+    return "".join(f".{part}" for part in given if part)
 
 
 def read_test_files(src: Path, ref: list[Path]) -> tuple[list[str], list[list[str]]]:
