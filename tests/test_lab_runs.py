@@ -20,7 +20,7 @@ import yaml
 
 import mtrain
 from mtrain.core.errors import MtrainError, OptionError
-from mtrain.laboratory import runner
+from mtrain.laboratory import plan, runner
 from mtrain.laboratory.plan import (
     FULL,
     PROBES,
@@ -31,7 +31,7 @@ from mtrain.laboratory.plan import (
     make_lab,
     parse_variant,
 )
-from mtrain.laboratory.record import LAB_FILE, LabRecord
+from mtrain.laboratory.record import LAB_FILE, LabRecord, jsonable
 from mtrain.run.directory import LAST, finished_record, load_checkpoint, peek_checkpoint
 from mtrain.training.build import build_trainer
 from mtrain.training.trainer import Interrupted
@@ -112,13 +112,37 @@ def test_the_presets_config_is_found_from_any_directory(tmp_path, monkeypatch) -
     monkeypatch.chdir(tmp_path)
     quick = make_lab(None, [], preset="quick", overrides=("train.lr=1e-3",))
     assert quick.config.is_absolute() and quick.config.is_file()
-    corpora = dict(quick.overrides[:4])  # the config's corpora, found in the clone
+    corpora = dict(quick.located)  # the config's corpora, found in the clone
     assert Path(corpora["data.train"]).is_file() and Path(corpora["data.dev"]).is_file()
-    assert quick.overrides[4:] == (*QUICK.overrides, "train.lr=1e-3")  # the user's last
+    assert quick.overrides == (*QUICK.overrides, "train.lr=1e-3")  # the user's last
+    assert quick.runs()[0].overrides[: len(corpora)] == quick.located
     assert quick.budget == QUICK.budget and len(quick.variants) == len(QUICK.variants)
     full = make_lab(None, [], preset="full")
     assert [v.name for v in full.variants] == list(VARIANTS) == list(FULL.variants)
     assert full.seeds == (1, 2) and full.budget == Budget(updates=2000)
+
+
+def test_a_preset_lab_goes_on_in_a_moved_clone(tmp_path, monkeypatch) -> None:
+    """The clone's corpora are found anew where it now lies, not asked of the lab: a rerun in
+    a moved clone (or of a record that held them among the asked, before 2026-12-07) goes on;
+    a changed --set is still refused."""
+    clones = [tmp_path / "old", tmp_path / "moved"]
+    for clone in clones:
+        (clone / "configs").mkdir(parents=True)
+        (clone / "configs" / "default.yaml").write_bytes((REPO / QUICK.config).read_bytes())
+    labs = []
+    for clone in clones:
+        monkeypatch.setattr(plan, "CLONE", clone)
+        labs.append(make_lab(None, [], preset="quick"))
+    old, moved = (LabRecord.of(lab) for lab in labs)
+    assert old.located != moved.located and old.asked == moved.asked
+    assert old.merged(moved, tmp_path).located == moved.located
+    before = LabRecord(**{**old.__dict__, "located": {}})  # the clone's paths among the asked
+    before.asked = {**old.asked, "overrides": jsonable((*labs[0].located, *QUICK.overrides))}
+    assert before.merged(moved, tmp_path).asked == moved.asked
+    changed = LabRecord.of(dataclasses.replace(labs[1], overrides=("train.lr=1e-3",)))
+    with pytest.raises(OptionError, match="the common --set changed"):
+        before.merged(changed, tmp_path)
 
 
 def test_the_api_takes_one_string_as_one_probe_and_one_variant(monkeypatch) -> None:

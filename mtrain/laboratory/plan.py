@@ -122,12 +122,14 @@ LAB_KEYS = {
 }
 
 
+CLONE = Path(__file__).resolve().parents[2]  # the clone this mtrain runs from, if it is one
+
+
 def preset_config(preset: Preset) -> tuple[Path, tuple[Override, ...]]:
     """A preset's config in the clone this mtrain runs from, and the overrides that find its
     corpora there (the config names them relative to the clone), whatever the working
     directory."""
-    clone = Path(__file__).resolve().parents[2]
-    path = clone / preset.config
+    path = CLONE / preset.config
     if not path.is_file():
         raise OptionError(
             f"the presets' config {preset.config} is not beside this mtrain ({path.parent} has "
@@ -135,7 +137,7 @@ def preset_config(preset: Preset) -> tuple[Path, tuple[Override, ...]]:
         )
     data = (read_config(path) or {}).get("data") or {}
     in_clone = tuple(
-        (f"data.{key}", str(clone / value))
+        (f"data.{key}", str(CLONE / value))
         for (section, key) in LOCATIONS
         if section == "data"
         and isinstance(value := data.get(key), str)
@@ -213,6 +215,9 @@ class Lab:
     overrides: tuple[Override, ...] = ()  # every run's, the baseline's too
     probes: tuple[str, ...] = PROBES
     recipe: tuple[str, ...] = ()  # what the budget recipe chose, once for every run
+    # a preset config's corpora as found in this clone: every run's too, but not what the lab
+    # was asked (a moved clone finds them elsewhere, and its lab goes on)
+    located: tuple[Override, ...] = ()
 
     def __post_init__(self) -> None:
         names = [v.name for v in self.variants]
@@ -234,7 +239,7 @@ class Lab:
 
     def runs(self) -> list[LabRun]:
         """Seed by seed, the baseline first: a lab stopped early has whole comparisons."""
-        common = (*self.overrides, *self.budget.overrides(), *self.recipe)
+        common = (*self.located, *self.overrides, *self.budget.overrides(), *self.recipe)
         return [
             LabRun(
                 variant.name,
@@ -256,12 +261,13 @@ def preset_lab(name: str, **changes) -> Lab:
     config, in_clone = given.pop("config", None), ()
     if config is None:
         config, in_clone = preset_config(preset)
-    given["overrides"] = (*in_clone, *preset.overrides, *given.get("overrides", ()))
+    given["overrides"] = (*preset.overrides, *given.get("overrides", ()))
     lab = Lab(
         config,
         preset.budget,
         tuple(parse_variant(v) for v in preset.variants),
         preset.seeds,
+        located=in_clone,
     )
     return dataclasses.replace(lab, **given)
 

@@ -46,6 +46,7 @@ class LabRecord:
     config: str  # the path it was given, for people to read
     recipe: list[str] = field(default_factory=list)
     runs: dict[str, dict[str, str]] = field(default_factory=dict)  # name: {"diverged": why}
+    located: dict[str, Any] = field(default_factory=dict)  # a preset's corpora in this clone
 
     @classmethod
     def of(cls, lab: Lab) -> LabRecord:
@@ -56,7 +57,14 @@ class LabRecord:
             "probes": list(lab.probes),
         }
         variants = {v.name: jsonable(v.overrides) for v in lab.variants}
-        return cls(asked, list(lab.seeds), variants, str(lab.config), list(lab.recipe))
+        return cls(
+            asked,
+            list(lab.seeds),
+            variants,
+            str(lab.config),
+            list(lab.recipe),
+            located=jsonable(lab.located),
+        )
 
     @classmethod
     def read(cls, lab_dir: Path) -> LabRecord | None:
@@ -85,6 +93,8 @@ class LabRecord:
         }
         for key, name in what.items():
             old, now = self.asked.get(key), new.asked.get(key)
+            if key == "overrides":  # a record before 2026-12-07 holds them among the asked
+                old = without(old, new.located)
             if old != now:
                 shown = f": {brief(key, old)}, now {brief(key, now)}"
                 shown = "" if key == "config_sha256" else shown
@@ -94,8 +104,29 @@ class LabRecord:
                 refuse(lab_dir, f"variant {name!r} changed: {self.variants[name]}, now {overrides}")
         seeds = self.seeds + [s for s in new.seeds if s not in self.seeds]
         return LabRecord(
-            self.asked, seeds, {**self.variants, **new.variants}, new.config, self.recipe, self.runs
+            {**self.asked, "overrides": new.asked["overrides"]},
+            seeds,
+            {**self.variants, **new.variants},
+            new.config,
+            self.recipe,
+            self.runs,
+            new.located,
         )
+
+
+def without(overrides: Any, located: dict[str, Any]) -> Any:
+    """`overrides` (lab.json's nested keys) less the keys `located` sets."""
+    if not isinstance(overrides, dict):
+        return overrides
+    kept = {}
+    for section, keys in overrides.items():
+        inner = located.get(section)
+        if isinstance(keys, dict) and isinstance(inner, dict):
+            keys = {k: v for k, v in keys.items() if k not in inner}
+            if not keys:
+                continue
+        kept[section] = keys
+    return kept
 
 
 def brief(key: str, value: Any) -> str:
