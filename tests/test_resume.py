@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from mtrain.run.directory import (
     CheckpointError,
     load_checkpoint,
     load_run,
+    run_config,
     save_checkpoint,
     save_copy,
     step_checkpoints,
@@ -155,6 +157,37 @@ def test_signal_saves_and_the_same_command_resumes(corpus, tmp_path, sig):
     stderr, done, step = stop_and_finish(run, settings, log, [sig])
     assert "interrupted at step" in stderr and "run the same command to resume" in stderr
     assert f"resuming {run} at step {step}" in done.stderr
+
+
+def test_a_run_whose_corpora_moved_resumes_and_another_corpus_is_refused(corpus, tmp_path):
+    """A moved clone: the same files at other paths are the run's corpora (last.pt holds a hash
+    of their contents); a file of other contents is refused in one line, and nothing changes."""
+    clone, moved = tmp_path / "clone", tmp_path / "moved"
+    clone.mkdir()
+    for key in ("train", "dev", "test"):
+        shutil.copy(corpus[key], clone / f"{key}.tsv")
+
+    def settings(root: Path, **more) -> list[str]:
+        files = {key: str(root / f"{key}.tsv") for key in ("train", "dev", "test")}
+        return overrides({**corpus, **files, **more}, eval_every=3)
+
+    run, log = tmp_path / "run", tmp_path / "stderr"
+    proc = start_training(run, [*settings(clone), "train.max_steps=100000"], log)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130, log.read_text()
+    step = load_checkpoint(run / "last.pt")["step"]
+    clone.rename(moved)
+    other = tmp_path / "other-test.tsv"
+    other.write_text((moved / "test.tsv").read_text("utf-8") + "一\tone\n", "utf-8")
+    refused = run_train(run, [*settings(moved, test=other), f"train.max_steps={step + 5}"])
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert f"data.test: {other} is not what {run / 'last.pt'} was trained on" in refused.stderr
+    assert load_checkpoint(run / "last.pt")["step"] == step
+    done = run_train(run, [*settings(moved), f"train.max_steps={step + 5}"])
+    assert done.returncode == 0, done.stderr
+    assert f"resuming {run} at step {step}" in done.stderr
+    assert load_checkpoint(run / "last.pt")["step"] == step + 5
+    assert run_config(run).data.train == str(moved / "train.tsv")
 
 
 def test_resume_with_another_config_is_refused(corpus, tmp_path):

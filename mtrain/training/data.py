@@ -158,9 +158,9 @@ class TrainingData:
         for key, digest in state.get("data", {}).items():
             if self.fingerprints.get(key) != digest:
                 raise CheckpointError(
-                    f"data.{key}: {self.paths[key]} changed since {path} was written; resuming "
-                    "would not continue the same run (restore the file, or train into another "
-                    "--out)"
+                    f"data.{key}: {self.paths[key]} is not what {path} was trained on (changed "
+                    "since it was written, or another corpus); resuming would not continue the "
+                    "same run (restore the file, or train into another --out)"
                 )
         if (
             state.get("tokenizer", self.corpus.manifest["tokenizer"])

@@ -22,6 +22,7 @@ from mtrain.run.directory import (
     CONFIG_FILE,
     LAST,
     CheckpointError,
+    peek_checkpoint,
     recorded_version,
     run_config,
     step_checkpoints,
@@ -164,9 +165,15 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
     """Refuse to resume a run with a config other than its own, but for the keys declared to
-    change on a resume (config.Resume); those it records keep the run's own value."""
+    change on a resume (config.Resume); those it records keep the run's own value. A corpus
+    whose contents the checkpoint holds a hash of is compared by them, not by its path (a moved
+    clone's corpora resume): TrainingData compares them once the corpus is open."""
     saved = run_config(run_dir)
+    last = run_dir / LAST
+    hashed = set(peek_checkpoint(last).get("data", {})) if last.is_file() else set()
     for (section, name), policy in config.POLICIES.items():
+        if policy.location is config.Location.CORPUS and section == "data" and name in hashed:
+            continue
         mine, theirs = getattr(cfg, section), getattr(saved, section)
         old, new = getattr(theirs, name), getattr(mine, name)
         if policy.resume is Resume.RECORDED:
