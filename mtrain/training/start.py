@@ -169,8 +169,10 @@ def check_resumable(run_dir: Path, cfg: Config) -> None:
     whose contents the checkpoint holds a hash of is compared by them, not by its path (a moved
     clone's corpora resume): TrainingData compares them once the corpus is open."""
     saved = run_config(run_dir)
-    last = run_dir / LAST
-    hashed = set(peek_checkpoint(last).get("data", {})) if last.is_file() else set()
+    try:  # the config is checked first: a damaged checkpoint is said when the run loads it
+        hashed = set(peek_checkpoint(run_dir / LAST).get("data", {}))
+    except CheckpointError:
+        hashed = set()
     for (section, name), policy in config.POLICIES.items():
         if policy.location is config.Location.CORPUS and section == "data" and name in hashed:
             continue
