@@ -22,6 +22,9 @@ from mtrain.core.metrics import (
 from mtrain.laboratory.plan import Budget, Lab, parse_variant
 from mtrain.laboratory.report import COLUMNS, markdown_table, report, table
 from mtrain.laboratory.results import LabRow, eval_set, run_verdict, summaries
+from mtrain.run.directory import run_config
+
+from .synthetic import REPO
 
 UPDATES = 10
 
@@ -234,8 +237,8 @@ def test_the_report_measures_what_it_compares(lab_dir) -> None:
     lab, out = lab_dir
     rows = report(lab, out, "cpu", {})
     assert [(r.variant, r.seed) for r in rows] == [(r.variant, r.seed) for r in lab.runs()]
-    test = eval_set(out / "baseline-seed1", "test")
-    dev = eval_set(out / "baseline-seed1", "dev")
+    test = eval_set(run_config(out / "baseline-seed1").data, "test")
+    dev = eval_set(run_config(out / "baseline-seed1").data, "dev")
     assert test.sources != dev.sources
     base = {r.seed: r for r in rows if r.variant == "baseline"}
     for r in rows:
@@ -338,3 +341,26 @@ def test_the_attention_shows_the_word_order_probes_or_the_first() -> None:
 
     assert attention_probes(("我是谁", "他打我", "我打他")) == ("我打他", "他打我")
     assert attention_probes(("我是谁", "我打他")) == ("我是谁",)
+
+
+def test_a_lab_whose_corpora_moved_goes_on_and_reports(corpus, tmp_path, monkeypatch) -> None:
+    """A moved clone (corpora named relative to it, run from it): the lab's runs resume with
+    their corpora where they now lie (last.pt knows them by their contents), and the report
+    reads them there, not where each finished run's config.yaml recorded them."""
+    clone, moved = tmp_path / "clone", tmp_path / "moved"
+    clone.mkdir()
+    for key in ("train", "dev", "test"):
+        shutil.copy(corpus[key], clone / f"{key}.tsv")
+    keys = [f"data.{k}={k}.tsv" for k in ("train", "dev", "test")]
+    keys += ["tokenizer.vocab_size=300", f"train.eval_every={UPDATES}"]
+    keys += ["train.batch_tokens=512", "train.precision=fp32"]
+    config, out = REPO / "configs" / "tiny.yaml", tmp_path / "lab"
+
+    monkeypatch.chdir(clone)
+    first = mtrain.lab(config, [], out, updates=UPDATES, overrides=keys, device="cpu")
+    assert run_config(out / "baseline-seed1").data.test == str(clone / "test.tsv")
+    clone.rename(moved)
+    monkeypatch.chdir(moved)
+    again = mtrain.lab(config, [], out, updates=UPDATES, overrides=keys, device="cpu")
+    assert [r.test_bleu for r in again] == [r.test_bleu for r in first]
+    assert all(r.test_bleu is not None for r in again)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtrain.core import jsonl
+from mtrain.core import config, jsonl
 from mtrain.core.files import write_atomic
 from mtrain.decoding.loaded import open_run
 from mtrain.figures.attention import Attention
@@ -126,7 +126,10 @@ class Report:
 def report(lab: Lab, lab_dir: Path, device: str, diverged: Mapping[str, str]) -> list[LabRow]:
     """Measure the lab's runs and write its report; return its rows, one per run (a run that
     diverged, or has no best.pt, is a row that says so). `diverged`: by run name, how."""
-    rows, found = measure(lab.runs(), lab_dir, lab.probes, device, diverged)
+    # the corpora as the lab's config names them now (a moved clone's where they now lie),
+    # not as a finished run's config.yaml recorded them
+    data = config.load(lab.config, list(lab.runs()[0].overrides)).data
+    rows, found = measure(lab.runs(), lab_dir, lab.probes, device, diverged, data)
     figures = draw_figures(rows, lab_dir, lab.probes, device)
     result = Report(rows, found, lab.probes, title(lab), intro(lab, rows), figures)
     log.info("report: %s, %s", write_markdown(result, lab_dir), write_html(result, lab_dir))

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mtrain.core import jsonl
+from mtrain.core.config import DataConfig
 from mtrain.core.files import write_atomic
 from mtrain.core.metrics import holm, paired_bootstrap, score
 from mtrain.data.corpus import corpora, read_pairs
@@ -91,9 +92,8 @@ class EvalSet:
     tgt_lang: str
 
 
-def eval_set(run_dir: Path, split: str) -> EvalSet:
-    """The dev or test sources of a run's config, each once with all its references."""
-    data = run_config(run_dir).data
+def eval_set(data: DataConfig, split: str) -> EvalSet:
+    """The dev or test sources of a config's data section, each once with all its references."""
     pairs = [
         p
         for c in corpora(getattr(data, split), data.swap_columns)
@@ -234,16 +234,16 @@ def measure(
     probes: tuple[str, ...],
     device: str,
     diverged: Mapping[str, str],
+    data: DataConfig,
 ) -> tuple[list[LabRow], dict[str, Translations]]:
     """Every run's row (one without BLEU says why), compared with its seed's baseline on the
-    test set; and the translations of the runs measured, by run name."""
+    test set of `data`; and the translations of the runs measured, by run name."""
     status = {r.name: why_unmeasured(lab_dir / r.name, diverged.get(r.name)) for r in runs}
     measured = [r for r in runs if not status[r.name]]
     found: dict[str, Translations] = {}
     dev = test = None
     if measured:
-        dev = eval_set(lab_dir / measured[0].name, "dev")
-        test = eval_set(lab_dir / measured[0].name, "test")
+        dev, test = eval_set(data, "dev"), eval_set(data, "test")
         found = {
             r.name: translations(lab_dir / r.name, lab_dir, dev, test, probes, device)
             for r in measured
