@@ -37,7 +37,7 @@ from pathlib import Path
 from mtrain.core import config
 from mtrain.core.metrics import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
-from mtrain.data.pairs import group_references
+from mtrain.data.pairs import group_references, read_lines
 from mtrain.run.directory import LAST, load_checkpoint, training_summary
 
 SLICE_TARGET = r"\bTom\b"
@@ -110,8 +110,7 @@ class Study:
             sys.stderr.write(done.stderr[-2000:])
             return None
         result = json.loads(done.stdout)
-        lines = Path(result["hypotheses"]).read_text(encoding="utf-8").splitlines()
-        return Hypotheses(result["bleu"], lines)
+        return Hypotheses(result["bleu"], read_lines(Path(result["hypotheses"])))
 
     def row(
         self,
@@ -211,10 +210,6 @@ def difference(base: Hypotheses | None, ours: Hypotheses | None, test: Path, tgt
         [("base", base.lines), ("run", ours.lines)], references, tgt_lang
     )
     return f"{compared.bleu - base.bleu:+.2f} [{compared.low:+.2f}, {compared.high:+.2f}]"
-
-
-def read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 def test_files(test: str | dict, cfg: config.Config, stem: Path) -> Path:
