@@ -215,6 +215,11 @@ def lab_dir(corpus, tmp_path_factory) -> tuple[Lab, Path]:
     return lab, out
 
 
+def baseline_data(lab_dir: Path):
+    """The corpora a lab trained on, as its baseline run recorded them."""
+    return run_config(lab_dir / "baseline-seed1").data
+
+
 def parameters(run_dir: Path) -> int:
     from mtrain.decoding.loaded import open_run
 
@@ -235,10 +240,9 @@ def md_table(text: str, header: str) -> list[list[str]]:
 
 def test_the_report_measures_what_it_compares(lab_dir) -> None:
     lab, out = lab_dir
-    rows = report(lab, out, "cpu", {})
+    rows = report(lab, out, "cpu", {}, baseline_data(out))
     assert [(r.variant, r.seed) for r in rows] == [(r.variant, r.seed) for r in lab.runs()]
-    test = eval_set(run_config(out / "baseline-seed1").data, "test")
-    dev = eval_set(run_config(out / "baseline-seed1").data, "dev")
+    test, dev = eval_set(baseline_data(out), "test"), eval_set(baseline_data(out), "dev")
     assert test.sources != dev.sources
     base = {r.seed: r for r in rows if r.variant == "baseline"}
     for r in rows:
@@ -278,7 +282,7 @@ def test_the_test_translations_are_kept(lab_dir, monkeypatch) -> None:
         raise AssertionError("translated again")
 
     monkeypatch.setattr(results, "open_run", refuse)
-    rows = report(lab, out, "cpu", {})
+    rows = report(lab, out, "cpu", {}, baseline_data(out))
     assert all(r.test_bleu is not None for r in rows)
 
 
@@ -288,7 +292,7 @@ def test_a_run_that_diverged_or_never_validated_is_a_row(lab_dir, tmp_path) -> N
     shutil.copytree(out, work, symlinks=True)
     (work / "no-positions-seed2" / "best.pt").unlink()
     diverged = {"no-positions-seed1": "diverged at step 7: loss not finite"}
-    rows = report(lab, work, "cpu", diverged)
+    rows = report(lab, work, "cpu", diverged, baseline_data(work))
     assert [r.name for r in rows] == [r.name for r in lab.runs()]
     gone, unvalidated = rows[1], rows[3]
     assert gone.status == "diverged at step 7: loss not finite"
@@ -306,7 +310,7 @@ def test_a_run_that_diverged_or_never_validated_is_a_row(lab_dir, tmp_path) -> N
 def test_a_baseline_only_lab_reports_its_seed_noise(lab_dir) -> None:
     lab, out = lab_dir
     alone = Lab(lab.config, lab.budget, (), lab.seeds, lab.overrides, lab.probes)
-    rows = report(alone, out, "cpu", {})
+    rows = report(alone, out, "cpu", {}, baseline_data(out))
     assert [r.name for r in rows] == ["baseline-seed1", "baseline-seed2"]
     text = (out / "report.md").read_text("utf-8")
     mean = md_table(text, "variant | changes")[-1]

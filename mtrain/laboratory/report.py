@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtrain.core import config, jsonl
+from mtrain.core import jsonl
+from mtrain.core.config import DataConfig
 from mtrain.core.files import write_atomic
 from mtrain.decoding.loaded import open_run
 from mtrain.figures.attention import Attention
@@ -123,12 +124,13 @@ class Report:
     figures: dict[str, str]  # file (relative to the lab directory): caption
 
 
-def report(lab: Lab, lab_dir: Path, device: str, diverged: Mapping[str, str]) -> list[LabRow]:
-    """Measure the lab's runs and write its report; return its rows, one per run (a run that
+def report(
+    lab: Lab, lab_dir: Path, device: str, diverged: Mapping[str, str], data: DataConfig
+) -> list[LabRow]:
+    """Measure the lab's runs on the dev and test sets of `data` (the baseline's as checked at
+    this start: a moved clone's corpora where they now lie, not where a finished run's
+    config.yaml recorded them) and write its report; return its rows, one per run (a run that
     diverged, or has no best.pt, is a row that says so). `diverged`: by run name, how."""
-    # the corpora as the lab's config names them now (a moved clone's where they now lie),
-    # not as a finished run's config.yaml recorded them
-    data = config.load(lab.config, list(lab.runs()[0].overrides)).data
     rows, found = measure(lab.runs(), lab_dir, lab.probes, device, diverged, data)
     figures = draw_figures(rows, lab_dir, lab.probes, device)
     result = Report(rows, found, lab.probes, title(lab), intro(lab, rows), figures)

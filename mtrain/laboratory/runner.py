@@ -118,7 +118,8 @@ def run_lab(
             record.runs[run.name] = {"diverged": diverged[run.name]}
             record.write(lab_dir)
     names = {r.name for r in runs}
-    return report(lab, lab_dir, device, {n: d for n, d in diverged.items() if n in names})
+    data = configs[runs[0].name][0].data  # the baseline's corpora as checked at this start
+    return report(lab, lab_dir, device, {n: d for n, d in diverged.items() if n in names}, data)
 
 
 def finished(run_dir: Path) -> bool:
