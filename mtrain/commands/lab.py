@@ -38,9 +38,11 @@ ProbeOption = Annotated[
 PresetOption = Annotated[
     str | None,
     typer.Option(
-        help="A lab ready to run: quick (2 variants, one seed, about 30 min on 2 cores) or "
-        "full (every variant, seeds 1 and 2, 2,000 updates each: an estimated 6 hours on 2 "
-        "fp32 cores, 3 with bf16). Its config is the clone's configs/default.yaml."
+        help="A lab ready to run: quick (positions and the causal mask, one seed, about 30 "
+        "min on 2 fp32 cores); textbook (every part the textbook explains, seeds 1 and 2, "
+        "about 1.5 hours); paper (the paper's other choices, seeds 1 and 2, about 1.3 hours); "
+        "full (every variant, seeds 1 and 2, 2,000 updates each: an estimated 7 hours). Its "
+        "config is the clone's configs/default.yaml."
     ),
 ]
 

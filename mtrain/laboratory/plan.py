@@ -25,6 +25,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "post-norm": ("model.norm=post",),
     "no-label-smoothing": ("train.label_smoothing=0",),
     "untied": ("model.tie_embeddings=false",),
+    "no-dropout": ("model.dropout=0",),
     "deep-encoder": ("model.n_encoder_layers=3", "model.n_decoder_layers=1"),
 }
 
@@ -91,6 +92,8 @@ class Preset:
     overrides: tuple[str, ...] = ()  # every run's, before any --set
 
 
+# the presets' lab size: two validations a run of 1,200 updates, no averaged checkpoint
+LAB_SIZE = ("train.eval_every=600", "train.average_last=0")
 # quick: a learner's first lab, within 35 minutes on 2 fp32 cores of the AVX2 class, its
 # baseline trained far enough to translate (dev BLEU 15 and up needs about 1,000 updates at
 # this schedule: docs/lab.md), so three runs: the baseline, and the two parts whose loss shows
@@ -99,13 +102,28 @@ class Preset:
 # ~2 min besides its updates: two validations (eval_every 600, no averaged checkpoint) and the
 # lab's own greedy passes over dev and test. 3 x (1,200 / 2.6 + 120) s + 60 s = 29.7 minutes.
 QUICK = Preset(
+    Path("configs/default.yaml"), Budget(updates=1200), ("no-positions", "peek"), overrides=LAB_SIZE
+)
+# textbook: every part the textbook gives a reason for, two seeds, at the quick preset's size
+# and budget (its runs are this preset's first three): 14 runs. Alone on the 2-core EPYC of
+# docs/lab.md with its kernels held to AVX2 (fp32, the stand-in for a learner's laptop) a run
+# of 1,200 updates took 6.3 to 6.7 minutes: 14 x 6.5 = 91 minutes, within an afternoon's two
+# hours (the AVX2-only EPYC, its matmul peak 133 GFLOP/s against 198, about 135).
+TEXTBOOK_PARTS = ("no-positions", "peek", "no-scale", "no-residual", "no-layernorm", "one-head")
+TEXTBOOK = Preset(
+    Path("configs/default.yaml"), Budget(updates=1200), TEXTBOOK_PARTS, (1, 2), LAB_SIZE
+)
+# paper: the choices Vaswani et al. (2017) measured in their Table 3 that are not parts the
+# textbook explains, at the same size: 12 runs, about 80 minutes there.
+PAPER = Preset(
     Path("configs/default.yaml"),
     Budget(updates=1200),
-    ("no-positions", "peek"),
-    overrides=("train.eval_every=600", "train.average_last=0"),
+    ("learned-positions", "post-norm", "no-label-smoothing", "untied", "no-dropout"),
+    (1, 2),
+    LAB_SIZE,
 )
-# full: every named variant, two seeds: 24 runs of 2,000 updates. Estimated, not measured: at
-# ~2.6 updates/s (2 fp32 AVX2 cores) 24 x (2,000 / 2.6 + 150) s = 6.1 hours; ~3 at bf16 speed.
+# full: every named variant, two seeds: 28 runs of 2,000 updates. Estimated, not measured: at
+# ~2.6 updates/s (2 fp32 AVX2 cores) 28 x (2,000 / 2.6 + 150) s = 7.2 hours; ~3.5 at bf16 speed.
 FULL = Preset(
     Path("configs/default.yaml"),
     Budget(updates=2000),
@@ -113,7 +131,7 @@ FULL = Preset(
     (1, 2),
     ("train.eval_every=500", "train.average_last=0"),
 )
-PRESETS = {"quick": QUICK, "full": FULL}
+PRESETS = {"quick": QUICK, "textbook": TEXTBOOK, "paper": PAPER, "full": FULL}
 # the keys a lab sets for every run alike: no variant or --set may change them
 LAB_KEYS = {
     "train.max_steps": "--updates",
