@@ -61,6 +61,18 @@ def load(
     return open_model(_path(path, "path"), engine, device, checkpoint, quantize, beam, alpha)
 
 
+def _several(value: Any, one: type, name: str) -> tuple:
+    """An argument that takes one value of type `one` or several: None (none), one, or an
+    iterable of them (each checked where it is used); anything else in one line."""
+    if value is None:
+        return ()
+    if isinstance(value, one):
+        return (value,)
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        return tuple(value)
+    raise OptionError(f"{name}: expected a {one.__name__} or a list of them, got {value!r:.80}")
+
+
 def _overrides(overrides: Any) -> list[str | tuple[str, Any]]:
     """A mapping's items (Python values, set as given), or `--set` strings (YAML values)."""
     if isinstance(overrides, Mapping):
@@ -116,11 +128,11 @@ def curves(*runs: str | Path) -> Figure:
 
 def lab(
     config: str | Path | None = None,
-    variants: str | Iterable[str] = (),
+    variants: str | Iterable[str] | None = (),
     out: str | Path = "labs/lab",
     updates: int | None = None,
     minutes: float | None = None,
-    seeds: int | Iterable[int] = (),
+    seeds: int | Iterable[int] | None = (),
     overrides: Mapping[str, Any] | Iterable[str] = (),
     probes: str | Iterable[str] | None = None,
     preset: str | None = None,
@@ -132,7 +144,7 @@ def lab(
     baseline with its 95% interval, p-value and Holm's p-value, run_dir).
 
     `variants` are named ones ("one-head") or your own ("3+1: model.n_encoder_layers=3
-    model.n_decoder_layers=1"); none: the baseline alone, once per seed. A string is one
+    model.n_decoder_layers=1"); none (or None): the baseline alone, once per seed. A string is one
     variant, one probe. `overrides` change every run, as `mtrain.train`'s do. Each run is
     trained as `mtrain.train` trains; a lab directory that holds runs goes on where it stopped.
     """
@@ -143,12 +155,12 @@ def lab(
 
     plan = make_lab(
         None if config is None else _path(config, "config"),
-        [variants] if isinstance(variants, str) else list(variants),
+        list(_several(variants, str, "variants")),
         updates,
         minutes,
-        (seeds,) if isinstance(seeds, int) else tuple(seeds),
+        _several(seeds, int, "seeds"),
         tuple(_overrides(overrides)),
-        None if probes is None else (probes,) if isinstance(probes, str) else tuple(probes),
+        None if probes is None else _several(probes, str, "probes"),
         preset,
     )
 

@@ -3,6 +3,7 @@ the paired bootstrap it shares with scripts/compare_dev.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -116,9 +117,10 @@ def stamp(run: Path) -> tuple[int, int]:
     return (run / LAST).stat().st_mtime_ns, peek_checkpoint(run / LAST)["step"]
 
 
-def test_lab_end_to_end_and_resumed(corpus, tmp_path) -> None:
-    """The command trains the baseline and one variant; the Python API, given one more, trains
-    that one alone (the lab goes on where it stopped) and reports all three."""
+def test_lab_end_to_end_and_resumed(corpus, tmp_path, caplog) -> None:
+    """The command trains the baseline and one variant; the Python API, given another alone,
+    trains that one (the lab goes on where it stopped, its speed timed again) and reports all
+    three: every variant the lab holds."""
     out = tmp_path / "lab"
     sets = [a for o in lab_options(corpus) for a in ("--set", o)]
     first = mtrain_command(
@@ -143,9 +145,10 @@ def test_lab_end_to_end_and_resumed(corpus, tmp_path) -> None:
     assert "run 2 of 2: one-head-seed1" in first.stderr
     before = {name: stamp(out / name) for name in ("baseline-seed1", "one-head-seed1")}
 
+    caplog.set_level("INFO")
     rows = mtrain.lab(
         "configs/tiny.yaml",
-        ["one-head", "post: model.norm=post"],
+        "post: model.norm=post",
         out,
         updates=UPDATES,
         overrides=lab_options(corpus),
@@ -153,6 +156,7 @@ def test_lab_end_to_end_and_resumed(corpus, tmp_path) -> None:
         device="cpu",
     )
     assert {name: stamp(out / name) for name in before} == before  # not trained again
+    assert re.search(r"lab: 3 runs of 10 updates \(1 to train\); .* measured here", caplog.text)
     assert [(r.variant, r.seed, r.updates) for r in rows] == [
         ("baseline", 1, UPDATES),
         ("one-head", 1, UPDATES),

@@ -84,6 +84,9 @@ def test_a_baseline_only_lab_is_one_run_a_seed() -> None:
         ("long: train.max_steps=5000", "variant 'long': sets train.max_steps"),
         ("slow: train.max_minutes=60", "variant 'slow': sets train.max_minutes"),
         ("lucky: train.seed=7", "variant 'lucky': sets train.seed"),
+        ("easy: data.test=/other.tsv", "variant 'easy': sets data.test, which every run"),
+        ("bpe: tokenizer.model_type=bpe", "variant 'bpe': sets tokenizer.model_type, which"),
+        ("en-de: data.tgt_lang=de", "variant 'en-de': sets data.tgt_lang, which every run"),
         ("one-head: model.n_heads=2", "'one-head' is a named variant's name"),
         ("baseline: model.n_heads=2", "and not 'baseline'"),
     ],
@@ -91,6 +94,11 @@ def test_a_baseline_only_lab_is_one_run_a_seed() -> None:
 def test_a_variant_may_not_change_the_budget_the_seed_or_take_a_name(variant, says) -> None:
     with pytest.raises(OptionError, match=re.escape(says)):
         parse_variant(variant)
+
+
+def test_a_variant_may_draw_its_batches_otherwise() -> None:
+    sampled = parse_variant("sampled: data.src_sampling_alpha=0.1 data.drop_final_punct=0.5")
+    assert sampled.overrides == ("data.src_sampling_alpha=0.1", "data.drop_final_punct=0.5")
 
 
 def test_common_overrides_may_not_change_the_budget_or_the_seed() -> None:
@@ -165,6 +173,11 @@ def test_the_api_takes_one_string_as_one_probe_and_one_variant(monkeypatch) -> N
     assert [v.name for v in plan.variants] == ["one-head"]
     assert plan.overrides == (("data.train", "corpus #2.tsv"), ("train.lr", 1e-3))
     assert mtrain.lab(TINY, updates=10) == [] and asked["plan"].probes == PROBES
+    mtrain.lab(TINY, None, updates=10, seeds=None)  # None: none
+    assert asked["plan"].variants == () and asked["plan"].seeds == (1,)
+    for wrong in (dict(variants=5), dict(seeds=1.5), dict(probes=7)):
+        with pytest.raises(OptionError, match=f"{next(iter(wrong))}: expected a"):
+            mtrain.lab(TINY, updates=10, **wrong)
 
 
 def test_the_lab_directory_must_be_a_labs(tmp_path, corpus) -> None:
@@ -186,16 +199,27 @@ def test_the_lab_directory_must_be_a_labs(tmp_path, corpus) -> None:
 def test_a_rerun_asked_otherwise_is_refused_naming_the_change(tmp_path) -> None:
     lab = make_lab(TINY, ["one-head"], updates=10, probes=("我打他",))
     LabRecord.of(lab).write(tmp_path)
-    changed = {
-        "the budget changed: 10 updates, now 20 updates": dict(updates=20),
-        "the probes changed": dict(updates=10, probes=("他打我",)),
-        "the common --set changed": dict(updates=10, overrides=("train.lr=1e-3",)),
+    changed = {  # each names what differs, old → new, in one line
+        "the budget changed: 10 updates → 20 updates": dict(updates=20),
+        "the budget changed: 10 updates → 2 minutes": dict(minutes=2.0),
+        'the probes changed: dropped "我打他"; added "他打我"': dict(
+            updates=10, probes=("他打我",)
+        ),
+        "the common --set changed: train.lr (not set) → 0.001": dict(
+            updates=10, overrides=("train.lr=0.001",)
+        ),
+        "variant 'one-head' changed: model.n_heads 1 → 2, train.lr (not set) → 0.001": dict(
+            updates=10
+        ),
     }
     for says, options in changed.items():
-        other = make_lab(TINY, ["one-head"], **{"probes": ("我打他",), **options})
+        other = LabRecord.of(make_lab(TINY, ["one-head"], **{"probes": ("我打他",), **options}))
+        if "variant" in says:  # its keys as another mtrain may name them
+            other.variants["one-head"] = {"model": {"n_heads": 2}, "train": {"lr": 0.001}}
         with pytest.raises(OptionError, match=re.escape(says)) as refused:
-            LabRecord.read(tmp_path).merged(LabRecord.of(other), tmp_path)
+            LabRecord.read(tmp_path).merged(other, tmp_path)
         assert "use another --out" in str(refused.value)
+        assert len(str(refused.value).splitlines()) == 1
     text = tmp_path / "tiny.yaml"
     text.write_text(TINY.read_text() + "# edited\n")
     with pytest.raises(OptionError, match=r"the text of .*tiny\.yaml changed"):
@@ -205,6 +229,133 @@ def test_a_rerun_asked_otherwise_is_refused_naming_the_change(tmp_path) -> None:
     more = make_lab(TINY, ["one-head", "peek"], updates=10, seeds=(1, 2), probes=("我打他",))
     merged = LabRecord.read(tmp_path).merged(LabRecord.of(more), tmp_path)
     assert merged.seeds == [1, 2] and list(merged.variants) == ["one-head", "peek"]
+
+
+def test_a_budget_is_compared_by_what_it_is(tmp_path) -> None:
+    """A record whose budget lacks a key it does not use is the same budget; two that print
+    alike are told apart."""
+    lab = make_lab(TINY, [], updates=10)
+    record = LabRecord.of(lab)
+    record.asked["budget"] = {"updates": 10}
+    record.write(tmp_path)
+    LabRecord.read(tmp_path).merged(LabRecord.of(lab), tmp_path)
+    LabRecord.of(make_lab(TINY, [], minutes=0.1)).write(tmp_path)
+    longer = LabRecord.of(make_lab(TINY, [], minutes=0.1000001))
+    with pytest.raises(OptionError, match=re.escape("0.1 minutes → 0.1000001 minutes")):
+        LabRecord.read(tmp_path).merged(longer, tmp_path)
+
+
+def fake_clone(root: Path, corpus: dict[str, str]) -> Path:
+    """A clone whose presets' config is the tiny one, its corpora the synthetic one's."""
+    (root / "configs").mkdir(parents=True)
+    (root / QUICK.config).write_bytes(TINY.read_bytes())
+    (root / "data" / "tatoeba").mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        (root / "data" / "tatoeba" / f"{split}.tsv").write_bytes(Path(corpus[split]).read_bytes())
+    return root
+
+
+def stop(config: Path, overrides: list, run_dir: Path) -> None:
+    raise Interrupted(0, run_dir)  # as Ctrl-C stops the first run
+
+
+def test_an_interrupted_preset_lab_given_data_paths_goes_on(corpus, tmp_path, monkeypatch) -> None:
+    """`--preset quick --set data.prepared_dir=...` (or data.dev and data.test of one's own),
+    stopped, then the same again: it goes on. Another path is refused naming it."""
+    from mtrain.training.start import check_start
+
+    monkeypatch.setattr(plan, "CLONE", fake_clone(tmp_path / "clone", corpus))
+    small = ("tokenizer.vocab_size=300", "tokenizer.character_coverage=1.0")
+    given = (*small, f"data.prepared_dir={tmp_path / 'prepared'}")
+    lab = make_lab(None, [], preset="quick", overrides=given)
+    for _ in range(2):
+        with pytest.raises(Interrupted):
+            runner.run_lab(lab, tmp_path / "lab", stop, check_start, "cpu")
+    for overrides in (given, (*small, f"data.dev={corpus['dev']}", f"data.test={corpus['test']}")):
+        out = tmp_path / str(len(overrides))
+        LabRecord.of(make_lab(None, [], preset="quick", overrides=overrides)).write(out)
+        again = make_lab(None, [], preset="quick", overrides=overrides)
+        LabRecord.read(out).merged(LabRecord.of(again), out)
+    other = make_lab(None, [], preset="quick", overrides=(*small, "data.prepared_dir=/elsewhere"))
+    says = f'data.prepared_dir "{tmp_path / "prepared"}" → "/elsewhere"'
+    with pytest.raises(OptionError, match=re.escape(says)):
+        LabRecord.read(tmp_path / "lab").merged(LabRecord.of(other), tmp_path / "lab")
+
+
+@pytest.mark.parametrize("trained", [dict(max_steps=2, max_minutes=0), dict(max_minutes=0.5)])
+def test_a_lab_without_lab_json_takes_no_other_budget(corpus, tmp_path, trained) -> None:
+    """A lab directory whose runs were trained to another budget, with no lab.json to say so
+    (begun before labs kept one, or deleted), is refused before anything trains."""
+    from mtrain.run.directory import write_config
+    from mtrain.training.start import check_start
+
+    out = tmp_path / "lab"
+    (out / "baseline-seed1").mkdir(parents=True)
+    write_config(out / "baseline-seed1", small_config(corpus, **trained))
+    lab = make_lab(TINY, ["peek"], updates=1, overrides=tuple(sets(corpus).items()))
+    with pytest.raises(OptionError, match="its run baseline-seed1 was trained to") as refused:
+        runner.run_lab(lab, out, stop, check_start, "cpu")
+    assert "not this lab's 1 updates" in str(refused.value)
+    assert not (out / LAB_FILE).exists()
+    if trained.get("max_steps") == 2:  # the lab it was: goes on
+        with pytest.raises(Interrupted):
+            runner.run_lab(dataclasses.replace(lab, budget=Budget(2)), out, stop, check_start)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("asked", []),
+        ("seeds", "12"),
+        ("runs", []),
+        ("recipe", [5]),
+        ("variants", []),
+        ("variants", {"../up": {}}),
+        ("located", {"data": "x"}),
+        ("asked", {"config_sha256": "x", "budget": {"updates": 0}, "overrides": {}, "probes": []}),
+    ],
+)
+def test_a_lab_json_of_the_wrong_shape_is_one_line(corpus, tmp_path, key, value) -> None:
+    from mtrain.training.start import check_start
+
+    lab = make_lab(TINY, [], updates=10, overrides=tuple(sets(corpus).items()))
+    record = LabRecord.of(lab)
+    (tmp_path / LAB_FILE).write_text(json.dumps({**record.__dict__, key: value}))
+    with pytest.raises(OptionError) as refused:
+        runner.run_lab(lab, tmp_path, stop, check_start, "cpu")
+    said = str(refused.value)
+    assert len(said.splitlines()) == 1 and said.startswith(f"{tmp_path / LAB_FILE}: ")
+    assert key in said
+
+
+def test_a_lab_json_nested_too_deeply_is_one_line(tmp_path) -> None:
+    (tmp_path / LAB_FILE).write_text("[" * 100_000)
+    with pytest.raises(OptionError, match=r"lab\.json: not a lab's record \(nested too deeply\)"):
+        LabRecord.read(tmp_path)
+
+
+def test_a_probe_that_is_not_utf8_is_refused_before_anything(corpus, tmp_path) -> None:
+    out = tmp_path / "lab"
+    with pytest.raises(OptionError, match=re.escape(r"--probe '\ud800': not valid UTF-8")):
+        mtrain.lab(TINY, updates=10, out=out, probes=["\ud800"], overrides=sets(corpus))
+    lab = ["lab", "-c", str(TINY), "--updates", "10", "--out", str(out)]
+    done = mtrain_command(*lab, "--probe", b"\xff", *as_options(sets(corpus)))
+    assert done.returncode == 2
+    assert done.stderr == "mtrain: error: --probe '\\udcff': not valid UTF-8 text\n"
+    assert not out.exists()
+
+
+def test_a_path_of_bytes_that_are_not_utf8_is_kept_in_lab_json(tmp_path) -> None:
+    odd = "/data/\udcff/prepared"  # a Linux path of bytes that are not UTF-8
+    record = LabRecord.of(make_lab(TINY, [], updates=10, overrides=(("data.prepared_dir", odd),)))
+    record.write(tmp_path / "lab")
+    assert LabRecord.read(tmp_path / "lab").asked == record.asked
+
+
+def test_out_onto_a_dangling_symlink_is_refused_naming_it(tmp_path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(OptionError, match=r"--out .*link: a symbolic link to .*gone, not there"):
+        runner.check_out(tmp_path / "link")
 
 
 def test_the_recipe_is_chosen_once_for_the_lab_from_the_budget(corpus) -> None:
@@ -292,7 +443,7 @@ def test_a_diverging_variant_is_a_row_and_the_lab_goes_on(corpus, tmp_path, capl
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")} == stamps
     assert "run 2 of 3: boom-seed1 diverged at step" in caplog.text
     assert "lab: 3 runs of 10 updates; all trained" in caplog.text
-    with pytest.raises(OptionError, match="the budget changed: 10 updates, now 30 updates"):
+    with pytest.raises(OptionError, match="the budget changed: 10 updates → 30 updates"):
         mtrain.lab(TINY, [boom, "one-head"], out, **{**options, "updates": 30})
 
 

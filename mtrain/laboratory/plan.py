@@ -11,6 +11,7 @@ from pathlib import Path
 from mtrain.core.config import LOCATIONS, Override, read_config
 from mtrain.core.config import VARIANTS as MODEL_VARIANTS
 from mtrain.core.errors import OptionError
+from mtrain.core.files import is_utf8
 
 BASELINE = "baseline"
 
@@ -41,6 +42,7 @@ PROBES = (
 )
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+RUN_NAME = re.compile(r".+-seed\d+")  # a lab's run directory: LabRun.name
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,11 @@ LAB_KEYS = {
     "train.max_minutes": "--minutes",
     "train.seed": "--seeds",
 }
+# What every run of a lab is measured on: its corpora, languages and tokenizer. A variant that
+# changed one would be another experiment, not one part changed (`--set` changes it for every
+# run). These two draw the training batches otherwise from the same corpus, and may vary.
+BATCH_DRAWING = ("data.drop_final_punct", "data.src_sampling_alpha")
+MEASURED_ON = ("data", "tokenizer")
 
 
 CLONE = Path(__file__).resolve().parents[2]  # the clone this mtrain runs from, if it is one
@@ -179,6 +186,18 @@ def refuse_lab_keys(overrides: tuple[Override, ...], where: str, keys=tuple(LAB_
             )
 
 
+def refuse_measured_on(overrides: tuple[str, ...], where: str) -> None:
+    """Refuse a variant's change of what every run is measured on (MEASURED_ON)."""
+    for override in overrides:
+        key = override_key(override)
+        if key.partition(".")[0] in MEASURED_ON and key not in BATCH_DRAWING:
+            raise OptionError(
+                f"{where}: sets {key}, which every run of a lab is measured on (its corpora, "
+                "languages and tokenizer): a variant changes the model or its training; set it "
+                "for every run with --set"
+            )
+
+
 def parse_variant(text: str) -> Variant:
     """A named variant (`one-head`), or `NAME: KEY=VALUE KEY=VALUE ...`, a variant of one's own."""
     if not isinstance(text, str):
@@ -205,6 +224,7 @@ def parse_variant(text: str) -> Variant:
     if not overrides or not all("=" in o for o in overrides):
         raise OptionError(f"variant {text!r}: expected 'NAME: KEY=VALUE ...' after the colon")
     refuse_lab_keys(overrides, f"variant {name!r}")
+    refuse_measured_on(overrides, f"variant {name!r}")
     return Variant(name, overrides)
 
 
@@ -251,6 +271,8 @@ class Lab:
         for probe in self.probes:
             if not isinstance(probe, str) or not probe.strip() or "\n" in probe or "\r" in probe:
                 raise OptionError(f"--probe {probe!r}: expected a sentence on one line")
+            if not is_utf8(probe):  # bytes that are not UTF-8, kept by Python as surrogates
+                raise OptionError(f"--probe {probe!r}: not valid UTF-8 text")
         # at equal time, the config's train.max_steps caps each run: --set may change it
         budget_keys = {override_key(o) for o in self.budget.overrides()}
         refuse_lab_keys(self.overrides, "--set", (*budget_keys, "train.seed"))

@@ -1,20 +1,26 @@
 """LAB_DIR/lab.json: what a lab was asked (its config's text, budget, common overrides, seeds,
 variants and probes), the recipe it chose once for every run, and the runs that diverged. A
 rerun that asks for another budget, config or probe list is refused: its runs would mix with
-the old ones under a new title; one that adds seeds or variants goes on."""
+the old ones under a new title; one that adds seeds or variants goes on, and the lab holds
+them all."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mtrain.core import config
 from mtrain.core.errors import OptionError
-from mtrain.core.files import write_atomic
-from mtrain.laboratory.plan import Lab
+from mtrain.core.files import is_utf8, write_atomic
+from mtrain.laboratory.plan import BASELINE, NAME, RUN_NAME, VARIANTS, Budget, Lab, Variant
+from mtrain.run.directory import run_record
 
 LAB_FILE = "lab.json"
 
@@ -73,35 +79,43 @@ class LabRecord:
             return None
         try:
             data = json.loads(path.read_text("utf-8"))
-            return cls(**data)
-        except (OSError, ValueError, TypeError) as e:
-            raise OptionError(f"{path}: not a lab's record ({e}); use another --out") from None
+        except RecursionError:
+            raise not_a_record(path, "nested too deeply") from None
+        except (OSError, ValueError) as e:
+            raise not_a_record(path, str(e)) from None
+        return cls(**shaped(data, path))
 
     def write(self, lab_dir: Path) -> None:
+        """lab.json written whole (a path of bytes that are not UTF-8 as JSON's escapes), its
+        directory made first where there is none."""
         text = json.dumps(self.__dict__, ensure_ascii=False, indent=1)
+        if not is_utf8(text):
+            text = json.dumps(self.__dict__, indent=1)
+        lab_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(lab_dir / LAB_FILE, text + "\n")
 
     def merged(self, new: LabRecord, lab_dir: Path) -> LabRecord:
         """This record with the seeds and variants of `new` added; refused in one line where
         `new` asks for another config, budget, common overrides or probes, or changes a
-        variant."""
-        what = {
-            "config_sha256": f"the text of {new.config}",
-            "budget": "the budget",
-            "overrides": "the common --set",
-            "probes": "the probes",
-        }
-        for key, name in what.items():
-            old, now = self.asked.get(key), new.asked.get(key)
-            if key == "overrides":  # a record before 2026-12-07 holds them among the asked
-                old = without(old, new.located)
-            if old != now:
-                shown = f": {brief(key, old)}, now {brief(key, now)}"
-                shown = "" if key == "config_sha256" else shown
-                refuse(lab_dir, f"{name} changed{shown}")
+        variant, naming what differs."""
+        if self.asked["config_sha256"] != new.asked["config_sha256"]:
+            refuse(lab_dir, f"the text of {new.config} changed")
+        old, now = (Budget(**r.asked["budget"]) for r in (self, new))
+        if old != now:
+            refuse(lab_dir, f"the budget changed: {budget_change(old, now)}")
+        old_sets = self.asked["overrides"]
+        if not self.located:  # a record before 2026-12-07 holds them among the asked
+            old_sets = without(old_sets, new.located, new.asked["overrides"])
+        if old_sets != new.asked["overrides"]:
+            change = difference(old_sets, new.asked["overrides"])
+            refuse(lab_dir, f"the common --set changed: {change}")
+        if self.asked["probes"] != new.asked["probes"]:
+            change = probes_change(self.asked["probes"], new.asked["probes"])
+            refuse(lab_dir, f"the probes changed: {change}")
         for name, overrides in new.variants.items():
             if name in self.variants and self.variants[name] != overrides:
-                refuse(lab_dir, f"variant {name!r} changed: {self.variants[name]}, now {overrides}")
+                change = difference(self.variants[name], overrides)
+                refuse(lab_dir, f"variant {name!r} changed: {change}")
         seeds = self.seeds + [s for s in new.seeds if s not in self.seeds]
         return LabRecord(
             {**self.asked, "overrides": new.asked["overrides"]},
@@ -113,27 +127,127 @@ class LabRecord:
             new.located,
         )
 
-
-def without(overrides: Any, located: dict[str, Any]) -> Any:
-    """`overrides` (lab.json's nested keys) less the keys `located` sets."""
-    if not isinstance(overrides, dict):
-        return overrides
-    kept = {}
-    for section, keys in overrides.items():
-        inner = located.get(section)
-        if isinstance(keys, dict) and isinstance(inner, dict):
-            keys = {k: v for k, v in keys.items() if k not in inner}
-            if not keys:
-                continue
-        kept[section] = keys
-    return kept
+    def lab(self, lab: Lab) -> Lab:
+        """`lab` as this record holds it: every seed and variant it was ever given (those not
+        given now as their runs were trained), and the recipe it chose."""
+        given = {v.name: v for v in lab.variants}
+        variants = tuple(
+            given.get(name) or recorded_variant(name, sets) for name, sets in self.variants.items()
+        )
+        return dataclasses.replace(
+            lab, variants=variants, seeds=tuple(self.seeds), recipe=tuple(self.recipe)
+        )
 
 
-def brief(key: str, value: Any) -> str:
-    """A value of lab.json's `asked`, in a few words."""
-    if key == "budget" and isinstance(value, dict):
-        return " ".join(f"{v:g} {k}" for k, v in value.items() if v is not None) or "none"
-    return json.dumps(value, ensure_ascii=False)[:80]
+def recorded(lab: Lab, lab_dir: Path) -> tuple[LabRecord, Lab]:
+    """The record of `lab` in `lab_dir` (a new one, or the one there with this lab's seeds and
+    variants added, refused where it was asked otherwise), and the lab it holds."""
+    record = LabRecord.of(lab)
+    earlier = LabRecord.read(lab_dir)
+    if earlier is None:
+        refuse_unrecorded_budget(lab_dir, lab.budget)
+        return record, lab
+    record = earlier.merged(record, lab_dir)
+    return record, record.lab(lab)
+
+
+def recorded_variant(name: str, sets: dict[str, dict]) -> Variant:
+    """A variant lab.json holds and this rerun does not name: its overrides as `--set`
+    strings (a named variant's own, where they still set the same)."""
+    if name in VARIANTS and jsonable(VARIANTS[name]) == sets:
+        return Variant(name, VARIANTS[name])
+    overrides = tuple(f"{key}={yaml_text(value)}" for key, value in flat(sets).items())
+    if jsonable(overrides) != sets:  # a value YAML would read back as another
+        raise OptionError(f"{LAB_FILE}: variant {name!r}: its keys cannot be written as --set")
+    return Variant(name, overrides)
+
+
+def yaml_text(value: Any) -> str:
+    """A JSON value as a `--set` value that YAML reads back as it: 1.0e-05, 'no', [1, 2]."""
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=math.inf)
+    return text.strip().removesuffix("\n...").strip()
+
+
+def refuse_unrecorded_budget(lab_dir: Path, budget: Budget) -> None:
+    """Refuse a lab directory with no lab.json (begun before labs kept one, or it was deleted)
+    whose runs were trained to another budget, as each run's config.yaml says: they would mix
+    into this lab's report under its title."""
+    if not lab_dir.is_dir():
+        return
+    for run_dir in sorted(lab_dir.iterdir()):
+        train = run_record(run_dir).get("train") if RUN_NAME.fullmatch(run_dir.name) else None
+        if not isinstance(train, dict):  # not a lab's run, or no config.yaml: its check says
+            continue
+        trained = trained_budget(train)
+        if trained != budget:
+            raise OptionError(
+                f"--out {lab_dir}: its run {run_dir.name} was trained to "
+                f"{trained or 'no budget of a lab'} (its config.yaml), not this lab's {budget}; "
+                f"with no {LAB_FILE} to hold the lab's budget, give it that one or another --out"
+            )
+
+
+def trained_budget(train: dict[str, Any]) -> Budget | None:
+    """The budget a lab's run was given, from its config.yaml's train section; None: none."""
+    steps, minutes = train.get("max_steps"), train.get("max_minutes")
+    try:
+        return Budget(minutes=minutes) if minutes else Budget(updates=steps)
+    except OptionError:
+        return None
+
+
+def without(overrides: dict, located: dict[str, Any], kept: dict[str, Any]) -> dict:
+    """`overrides` (lab.json's nested keys) less the keys `located` sets, but for those `kept`
+    sets too (a user's own --set of a preset's data.prepared_dir)."""
+    dropped = {
+        section: {k for k in keys if k not in kept.get(section, {})}
+        for section, keys in located.items()
+    }
+    trimmed = {
+        section: {k: v for k, v in keys.items() if k not in dropped.get(section, ())}
+        for section, keys in overrides.items()
+    }
+    return {section: keys for section, keys in trimmed.items() if keys}
+
+
+def flat(sets: dict[str, dict]) -> dict[str, Any]:
+    """{"train": {"lr": 0.001}} as {"train.lr": 0.001}."""
+    return {f"{section}.{k}": v for section, keys in sets.items() for k, v in keys.items()}
+
+
+def difference(old: dict[str, dict], new: dict[str, dict]) -> str:
+    """The keys two sets of overrides set otherwise: `train.lr 0.001 → 0.002, data.dev (not set)
+    → "dev.tsv"`."""
+    before, after = flat(old), flat(new)
+    unset = object()
+    keys = [k for k in {**before, **after} if before.get(k, unset) != after.get(k, unset)]
+
+    def shown(values: dict[str, Any], key: str) -> str:
+        if key not in values:
+            return "(not set)"
+        return json.dumps(values[key], ensure_ascii=False)
+
+    return ", ".join(f"{k} {shown(before, k)} → {shown(after, k)}" for k in keys)
+
+
+def budget_change(old: Budget, new: Budget) -> str:
+    """Two budgets, in words that tell them apart: `10 updates → 20 updates`."""
+    if str(old) == str(new):  # minutes that differ beyond :g's six digits
+        return f"{old.minutes!r} minutes → {new.minutes!r} minutes"
+    return f"{old} → {new}"
+
+
+def probes_change(old: list[str], new: list[str]) -> str:
+    """What another probe list drops and adds: `dropped "我打他"; added "他打我"`."""
+    said = [
+        f"{what} {', '.join(json.dumps(p, ensure_ascii=False) for p in probes)}"
+        for what, probes in (
+            ("dropped", [p for p in old if p not in new]),
+            ("added", [p for p in new if p not in old]),
+        )
+        if probes
+    ]
+    return "; ".join(said) or "the same sentences in another order or number"
 
 
 def refuse(lab_dir: Path, change: str) -> None:
@@ -141,3 +255,89 @@ def refuse(lab_dir: Path, change: str) -> None:
         f"{lab_dir} holds a lab asked otherwise ({change}); its runs would mix into another "
         f"lab's report: use another --out"
     )
+
+
+def not_a_record(path: Path, why: str) -> OptionError:
+    return OptionError(f"{path}: not a lab's record ({why}); use another --out")
+
+
+FIELDS = {f.name for f in dataclasses.fields(LabRecord)}
+REQUIRED = ("asked", "seeds", "variants", "config")
+ASKED = ("config_sha256", "budget", "overrides", "probes")
+SETTINGS = 'an object of sections\' keys, e.g. {"train": {"lr": 0.001}}'
+
+
+def shaped(data: Any, path: Path) -> dict[str, Any]:
+    """lab.json's fields, each checked to be what its readers take (a budget with both its
+    keys); anything else refused in one line naming the key."""
+
+    def need(ok: Any, key: str, expected: str) -> None:
+        if not ok:
+            raise not_a_record(path, f"{key}: expected {expected}")
+
+    need(isinstance(data, dict), "the file", "a JSON object")
+    has_keys(data, FIELDS, REQUIRED, "", path)
+    asked = data["asked"]
+    need(isinstance(asked, dict), "asked", "an object")
+    has_keys(asked, ASKED, ASKED, "asked.", path)
+    need(isinstance(asked["config_sha256"], str), "asked.config_sha256", "a string")
+    budget = asked["budget"]
+    need(
+        isinstance(budget, dict) and set(budget) <= {"updates", "minutes"} and budget_of(budget),
+        "asked.budget",
+        'updates or minutes above 0, e.g. {"updates": 1200, "minutes": null}',
+    )
+    need(settings(asked["overrides"]), "asked.overrides", SETTINGS)
+    need(asked["probes"] and all_of(asked["probes"], str), "asked.probes", "a list of sentences")
+    seeds = data["seeds"]
+    need(
+        seeds and all_of(seeds, int) and min(seeds) >= 0 and len(set(seeds)) == len(seeds),
+        "seeds",
+        "a list of whole numbers, 0 or more, each once",
+    )
+    variants = data["variants"]
+    need(isinstance(variants, dict), "variants", "an object of variants")
+    for name, sets in variants.items():
+        need(NAME.fullmatch(name) and name != BASELINE, f"variants {name!r}", "a variant's name")
+        need(settings(sets), f"variants {name!r}", SETTINGS)
+    need(isinstance(data["config"], str), "config", "a string")
+    need(all_of(data.get("recipe", []), str), "recipe", "a list of KEY=VALUE strings")
+    runs = data.get("runs", {})
+    need(
+        isinstance(runs, dict) and all(dict_of(r, str) for r in runs.values()),
+        "runs",
+        'an object of runs, e.g. {"peek-seed1": {"diverged": "why"}}',
+    )
+    need(settings(data.get("located", {})), "located", SETTINGS)
+    whole = {"updates": budget.get("updates"), "minutes": budget.get("minutes")}
+    return {**data, "asked": {**asked, "budget": whole}}
+
+
+def has_keys(data: dict, known, required, prefix: str, path: Path) -> None:
+    for key in data:
+        if key not in known:
+            raise not_a_record(path, f"an unknown key, {prefix}{key}")
+    for key in required:
+        if key not in data:
+            raise not_a_record(path, f"no {prefix}{key}")
+
+
+def all_of(values: Any, kind: type) -> bool:
+    """A JSON list of `kind` (int: not a bool)."""
+    return isinstance(values, list) and all(type(v) is kind for v in values)
+
+
+def dict_of(values: Any, kind: type) -> bool:
+    return isinstance(values, dict) and all(type(v) is kind for v in values.values())
+
+
+def settings(value: Any) -> bool:
+    """What overrides set, as jsonable gives it: sections, each an object of keys."""
+    return dict_of(value, dict)
+
+
+def budget_of(budget: dict) -> Budget | None:
+    try:
+        return Budget(budget.get("updates"), budget.get("minutes"))
+    except OptionError:
+        return None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -19,16 +18,14 @@ from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.files import LOCK_FILE
 from mtrain.data.prepare import prepare, prepared_dir
 from mtrain.data.tokenizer import Tokenizer
-from mtrain.laboratory.plan import Lab, LabRun
-from mtrain.laboratory.record import LAB_FILE, LabRecord
+from mtrain.laboratory.plan import RUN_NAME, Lab, LabRun
+from mtrain.laboratory.record import LAB_FILE, recorded
 from mtrain.laboratory.report import report
 from mtrain.laboratory.results import LabRow
 from mtrain.run.directory import (
     CONFIG_FILE,
     LAST,
-    CheckpointError,
     finished_record,
-    peek_checkpoint,
 )
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.speed import updates_per_second
@@ -43,7 +40,6 @@ TrainRun = Callable[[Path, list[Override], Path], object]
 # would train (data paths resolved, a parent's sections given) and the tokenizer its corpus is
 # encoded with where it is not its own (a parent's), or raises an MtrainError.
 CheckRun = Callable[[Path, list[Override], Path], tuple[Config, Tokenizer | None]]
-OLD_LAB_RUN = re.compile(r".+-seed\d+")
 
 
 def checked(lab: Lab, lab_dir: Path, check: CheckRun) -> dict[str, tuple[Config, Tokenizer | None]]:
@@ -62,6 +58,8 @@ def checked(lab: Lab, lab_dir: Path, check: CheckRun) -> dict[str, tuple[Config,
 def check_out(lab_dir: Path) -> None:
     """Refuse a lab directory that is a run's, or a folder of other files (an empty one, or one
     a lab began before labs kept lab.json, is fine)."""
+    if lab_dir.is_symlink() and not lab_dir.exists():
+        raise OptionError(f"--out {lab_dir}: a symbolic link to {lab_dir.readlink()}, not there")
     if lab_dir.exists() and not lab_dir.is_dir():
         raise OptionError(f"--out {lab_dir}: exists and is not a directory")
     if not lab_dir.is_dir() or (lab_dir / LAB_FILE).is_file():
@@ -69,7 +67,7 @@ def check_out(lab_dir: Path) -> None:
     if (lab_dir / CONFIG_FILE).is_file() or (lab_dir / LOCK_FILE).is_file():
         raise OptionError(f"--out {lab_dir}: a run's directory, not a lab's; use another --out")
     entries = list(lab_dir.iterdir())
-    older = any(OLD_LAB_RUN.fullmatch(e.name) and (e / CONFIG_FILE).is_file() for e in entries)
+    older = any(RUN_NAME.fullmatch(e.name) and (e / CONFIG_FILE).is_file() for e in entries)
     if entries and not older:
         raise OptionError(f"--out {lab_dir}: holds other files and no lab; use a new or empty one")
 
@@ -81,23 +79,18 @@ def run_lab(
     return its table. Runs a stopped lab had finished are left as they are, the one it was
     training resumes; one that diverged is not trained again."""
     check_out(lab_dir)
-    record = LabRecord.of(lab)
-    earlier = LabRecord.read(lab_dir)
-    if earlier is not None:
-        record = earlier.merged(record, lab_dir)
-        lab = dataclasses.replace(lab, recipe=tuple(record.recipe))
+    record, lab = recorded(lab, lab_dir)  # every seed and variant the lab holds, its recipe
     configs = checked(lab, lab_dir, check)
     diverged = {n: r["diverged"] for n, r in record.runs.items() if "diverged" in r}
     runs = lab.runs()
     to_train = [r for r in runs if r.name not in diverged and not finished(lab_dir / r.name)]
     prepare_corpora([configs[r.name] for r in to_train])
-    speed = lab_speed(lab, lab_dir, configs[runs[0].name][0], device) if to_train else None
+    speed = lab_speed(configs[runs[0].name][0], device) if to_train else None
     if not lab.recipe and speed is not None:
-        lab = dataclasses.replace(lab, recipe=recipe(lab, configs[runs[0].name][0], speed[0]))
+        lab = dataclasses.replace(lab, recipe=recipe(lab, configs[runs[0].name][0], speed))
         record.recipe = list(lab.recipe)
         checked(lab, lab_dir, check)  # a run begun before labs chose a recipe may refuse it
     runs = lab.runs()  # with the recipe
-    lab_dir.mkdir(parents=True, exist_ok=True)
     record.write(lab_dir)
     log.info("%s", estimate(lab, len(runs), len(to_train), speed))
     for number, run in enumerate(runs, 1):
@@ -137,21 +130,10 @@ def prepare_corpora(configs: list[tuple[Config, Tokenizer | None]]) -> None:
             prepare(cfg, tokenizer=tokenizer)
 
 
-def lab_speed(lab: Lab, lab_dir: Path, cfg: Config, device: str) -> tuple[float, str]:
-    """Updates a second here, and how they were found: as the lab's finished runs trained
-    (their validations included), or else timed on a few updates of the baseline."""
-    steps = seconds = 0.0
-    for run in lab.runs():
-        if finished(lab_dir / run.name):
-            try:
-                state = peek_checkpoint(lab_dir / run.name / LAST)
-            except CheckpointError:
-                continue
-            steps, seconds = steps + state["step"], seconds + 60 * state.get("minutes", 0.0)
-    if steps and seconds > 0:
-        return steps / seconds, "as this lab's finished runs trained"
-    torch_device = runtime.pick_device(device)
-    return updates_per_second(cfg, torch_device), "measured here"
+def lab_speed(cfg: Config, device: str) -> float:
+    """Updates a second here, timed on a few updates of the baseline: a resumed lab's too, as
+    its earlier runs may have shared the machine."""
+    return updates_per_second(cfg, runtime.pick_device(device))
 
 
 def recipe(lab: Lab, cfg: Config, speed: float) -> tuple[str, ...]:
@@ -167,19 +149,18 @@ def recipe(lab: Lab, cfg: Config, speed: float) -> tuple[str, ...]:
     return (f"model.dropout={dropout!r}", "train.short_run_updates=0")
 
 
-def estimate(lab: Lab, total: int, left: int, speed: tuple[float, str] | None) -> str:
-    """The lab's plan in one line, and when it ends at the speed found."""
+def estimate(lab: Lab, total: int, left: int, rate: float | None) -> str:
+    """The lab's plan in one line, and when it ends at the speed measured."""
     budget = lab.budget
     head = f"lab: {total} runs of {budget}"
-    if speed is None or not left:
+    if rate is None or not left:
         return f"{head}; all trained"
-    rate, how = speed
     per_run = budget.updates / rate if budget.updates is not None else 60 * budget.minutes
     seconds = left * per_run
     ends = datetime.now() + timedelta(seconds=seconds)
     todo = f" ({left} to train)" if left < total else ""
     return (
-        f"{head}{todo}; about {seconds / 60:.0f} min at {rate:.1f} updates/s {how}; "
+        f"{head}{todo}; about {seconds / 60:.0f} min at {rate:.1f} updates/s measured here; "
         f"ends about {ends:%H:%M}"
     )
 
