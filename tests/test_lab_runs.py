@@ -299,7 +299,9 @@ def test_a_lab_without_lab_json_takes_no_other_budget(corpus, tmp_path, trained)
     assert not (out / LAB_FILE).exists()
     if trained.get("max_steps") == 2:  # the lab it was: goes on
         with pytest.raises(Interrupted):
-            runner.run_lab(dataclasses.replace(lab, budget=Budget(2)), out, stop, check_start)
+            runner.run_lab(
+                dataclasses.replace(lab, budget=Budget(2)), out, stop, check_start, "cpu"
+            )
 
 
 @pytest.mark.parametrize(
@@ -330,8 +332,12 @@ def test_a_lab_json_of_the_wrong_shape_is_one_line(corpus, tmp_path, key, value)
 
 def test_a_lab_json_nested_too_deeply_is_one_line(tmp_path) -> None:
     (tmp_path / LAB_FILE).write_text("[" * 100_000)
-    with pytest.raises(OptionError, match=r"lab\.json: not a lab's record \(nested too deeply\)"):
-        LabRecord.read(tmp_path)
+    done = mtrain_command("lab", "-c", str(TINY), "--updates", "10", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"mtrain: error: {tmp_path / LAB_FILE}: not a lab's record (nested too deeply); "
+        "use another --out\n"
+    )
 
 
 def test_a_probe_that_is_not_utf8_is_refused_before_anything(corpus, tmp_path) -> None:
