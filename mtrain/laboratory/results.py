@@ -346,10 +346,9 @@ def noise_floor(noise: Spread | None, seeds: int, variance: float, df: int) -> s
     return f"seed noise: test BLEU {noise.mean:.2f} ± {noise.sd:.2f} over {seeds} seeds{pooled}"
 
 
-def bleu(value: float, like: float | None = None) -> str:
-    """BLEU in words: one decimal, two where the number (or `like`) is under 1."""
-    digits = 1 if abs(value if like is None else like) >= 1 else 2
-    return f"{abs(value):.{digits}f}"
+def bleu(value: float) -> str:
+    """BLEU in words: one decimal, two where the number is under 1."""
+    return f"{abs(value):.{1 if abs(value) >= 1 else 2}f}"
 
 
 def seed_verdict(delta: MeanDifference) -> str:
