@@ -6,11 +6,12 @@
 Each --system is NAME=RUN, optionally followed by `:beam=N`, `:alpha=A` or `:checkpoint=FILE`
 (best.pt unless told); the first is the baseline. Every system translates the split named in the
 baseline run's config (`data.dev` unless --split test), each source once with all of its
-references, and sacrebleu's paired bootstrap resampling (what `sacrebleu --paired-bs` runs)
+references, and the paired bootstrap (mtrain.core.significance, as `mtrain lab` computes it:
+the resamples of the split's sentences drawn once, every system scored on the same ones)
 compares each system with the baseline. Prints a Markdown table on stdout: BLEU, the bootstrap
 mean with its 95% confidence interval, the difference from the baseline with the 95% interval
-of that difference over the same resamples, and the p-value (a small p-value says the
-difference is unlikely to be resampling noise); progress on stderr.
+of that difference over the same resamples, and its two-sided p-value (below 0.05 exactly where
+that interval leaves out 0; uncorrected for the number of systems); progress on stderr.
 
 Compare training recipes at an equal number of updates, and once per seed: the decision is the
 mean over seeds, with each seed's p-value beside it (docs/recipes.md).
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 from mtrain.commands.common import Decoding, Engine, load_engine
-from mtrain.core.metrics import paired_bootstrap
+from mtrain.core.significance import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
 from mtrain.run.directory import BEST, run_config

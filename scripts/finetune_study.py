@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtrain.core import config
-from mtrain.core.metrics import paired_bootstrap
+from mtrain.core.significance import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references, read_lines
 from mtrain.run.directory import LAST, load_checkpoint, training_summary
@@ -201,7 +201,7 @@ class Hypotheses:
 
 def difference(base: Hypotheses | None, ours: Hypotheses | None, test: Path, tgt_lang: str) -> str:
     """`ours` BLEU minus the base's on `test`, and the 95% interval of that difference over
-    sacrebleu's paired bootstrap resamples (mtrain.core.metrics, as `mtrain lab` computes it)."""
+    the paired bootstrap's resamples (mtrain.core.significance, as `mtrain lab` computes it)."""
     if base is None or ours is None:
         return ""
     streams = [read_lines(ref) for ref in sorted(test.parent.glob(f"{test.name}.ref*"))]

@@ -1,8 +1,9 @@
 """`mtrain lab`: variants trained beside a baseline, resumed where a lab stopped, and reported;
-the paired bootstrap it shares with scripts/compare_dev.py."""
+the paired bootstrap it shares with scripts/compare_dev.py, recomputed by hand."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -12,10 +13,12 @@ from sacrebleu.metrics import BLEU
 import mtrain
 from mtrain.core.config import load
 from mtrain.core.errors import OptionError
-from mtrain.core.metrics import paired_bootstrap
+from mtrain.core.metrics import score
+from mtrain.core.significance import SAMPLES, SEED, holm, paired_bootstrap, resample_counts
 from mtrain.laboratory.plan import PRESETS, VARIANTS, Budget, make_lab, parse_variant
 from mtrain.laboratory.report import COLUMNS
-from mtrain.run.directory import LAST, peek_checkpoint
+from mtrain.laboratory.results import eval_set
+from mtrain.run.directory import LAST, peek_checkpoint, run_config
 
 from .console import mtrain as mtrain_command
 
@@ -24,36 +27,23 @@ UPDATES = 10  # one train.jsonl record (every 10 updates) and one validation
 
 def test_one_sentence_bootstrap_is_hand_computable() -> None:
     """With one sentence, every resample is that sentence: each resampled difference is the
-    real one, none exceeds it, and sacrebleu's p-value is (0 + 1) / (samples + 1)."""
+    real one, none lies on the far side of 0, and the p-value is 2 (0 + 1) / (samples + 1)."""
     refs = [["the dog bites the man"]]
     base, other = ["the dog bites a man"], ["the dog bites the man"]
     compared = paired_bootstrap([("base", base), ("other", other)], refs, "en", samples=99)
     assert compared[0].p_value is None
-    assert compared[1].p_value == pytest.approx(1 / 100)
-    assert compared[1].bleu == pytest.approx(
-        BLEU().corpus_score(other, [["the dog bites the man"]]).score
-    )
+    assert compared[1].p_value == pytest.approx(2 / 100)
+    assert compared[1].bleu == BLEU().corpus_score(other, [["the dog bites the man"]]).score
+    delta = compared[1].bleu - compared[0].bleu
+    assert (compared[1].low, compared[1].high) == (pytest.approx(delta), pytest.approx(delta))
     assert compared[1].ci == pytest.approx(0.0, abs=1e-6)  # every resample scores alike
 
 
 def test_no_difference_has_p_value_1() -> None:
-    """sacrebleu gives identical systems its smallest p-value, 1/(samples + 1); we give 1."""
     refs = [["a cat sat"], ["the man bit a dog"], ["who am I"]]
     hyps = ["a cat sat down", "a dog bit the man", "who am I"]
     compared = paired_bootstrap([("a", hyps), ("b", list(hyps))], refs, "en")
     assert compared[1].p_value == 1.0
-
-
-def test_p_values_are_sacrebleus_where_systems_differ() -> None:
-    from sacrebleu.significance import PairedTest
-
-    refs = [["a cat sat on the mat"], ["the man bit a dog"], ["who am I"], ["I hit him"]]
-    a = ["a cat sat on a mat", "a dog bit the man", "who I am", "I hit him"]
-    b = ["a cat sat on the mat", "the man bit a dog", "I am who", "he hit me"]
-    ours = paired_bootstrap([("a", a), ("b", b)], refs, "en")
-    _, theirs = PairedTest([("a", a), ("b", b)], {"BLEU": BLEU()}, [[r[0] for r in refs]], "bs")()
-    assert ours[1].p_value == theirs["BLEU"][1].p_value
-    assert ours[1].bleu == theirs["BLEU"][1].score
 
 
 def test_every_named_variant_and_preset_is_a_valid_config() -> None:
@@ -163,8 +153,10 @@ def test_lab_end_to_end_and_resumed(corpus, tmp_path, caplog) -> None:
         ("post", 1, UPDATES),
     ]
     assert rows[0].p_value is None
-    assert all(r.interval[0] <= r.delta <= r.interval[1] for r in rows[1:])
-    assert all(r.p_value <= r.p_holm for r in rows[1:])  # Holm's over the two variants
+    assert [r.p_holm for r in rows[1:]] == holm([r.p_value for r in rows[1:]])
+    test = eval_set(run_config(out / "baseline-seed1").data, "test")
+    for r in rows[1:]:
+        assert_the_bootstrap_of(r, out, test)
 
     header, cells = report_table(out / "report.md")
     assert header == list(COLUMNS)
@@ -180,6 +172,27 @@ def test_lab_end_to_end_and_resumed(corpus, tmp_path, caplog) -> None:
     assert "他打我" in page and "@font-face" in page and page.count("<img") == 3
     for figure in ("curves.png", "differences.png", "attention.png"):
         assert (out / figure).stat().st_size > 1000
+
+
+def assert_the_bootstrap_of(row, out: Path, test) -> None:
+    """A variant's row against the bootstrap recomputed here: its first resamples' differences
+    are sacreBLEU's corpus BLEU of the resampled corpus, and its interval and p-value are the
+    order statistics and the tail count of its resampled differences."""
+    kept = {
+        name: json.loads((out / "translations" / f"{name}.json").read_text("utf-8"))["test"]
+        for name in ("baseline-seed1", row.name)
+    }
+    n = len(test.references)
+    counts = resample_counts(n, SAMPLES, SEED)
+    for b in range(2):
+        drawn = [i for i in range(n) for _ in range(counts[b, i])]
+        refs = [test.references[i] for i in drawn]
+        base, ours = (score([h[i] for i in drawn], refs, "en").bleu for h in kept.values())
+        assert row.resampled[b] == pytest.approx(ours - base, abs=1e-9)
+    ordered = sorted(row.resampled)
+    assert row.interval == (ordered[24], ordered[SAMPLES - 25])  # 2.5% and 97.5% of 1,000
+    far = min(sum(d <= 0 for d in ordered), sum(d >= 0 for d in ordered))
+    assert row.p_value == min(1.0, 2 * (far + 1) / (SAMPLES + 1))
 
 
 def test_an_unknown_preset_is_refused() -> None:

@@ -3,12 +3,14 @@ forest plot), and the cross-attention of a few runs and sentences side by side."
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
+from mtrain.core.significance import MeanDifference
 from mtrain.figures.attention import Attention
 from mtrain.figures.common import use_cjk_font
 from mtrain.figures.curves import colours
+
+BAND = "#e4e4e4"  # the band a mean over seeds must leave to be beyond noise
 
 
 @dataclass
@@ -24,39 +26,44 @@ class Difference:
 
 @dataclass
 class VariantDifferences:
-    """A variant's differences seed by seed; `note` where it has none (it diverged...)."""
+    """A variant's differences seed by seed; `note` where it has none (it diverged...); `mean`
+    over them with the interval its verdict reads, where two or more seeds were compared."""
 
     variant: str
     seeds: list[Difference]
     note: str = ""
+    mean: MeanDifference | None = None
 
 
-def draw_differences(variants: list[VariantDifferences], seed_sd: float | None = None):
+def draw_differences(variants: list[VariantDifferences]):
     """A row per variant: each seed's difference with its interval (filled where significant),
-    the mean ± sd over seeds (with two or more), the zero line and, given the baseline's
-    standard deviation over seeds, the band of seed noise (± twice it)."""
+    the zero line and, where it has a mean over seeds, that mean with its interval (filled
+    where the interval leaves out 0) over a grey band of ± the interval's half-width around 0:
+    the mean is beyond noise exactly where it lies outside its band."""
     use_cjk_font()
     from matplotlib.figure import Figure
 
     seeds = sorted({d.seed for v in variants for d in v.seeds})
     palette = dict(zip(seeds, colours(len(seeds))))
-    # Each seed a little above or below its variant's line, the mean on it.
-    offset = {s: 0.3 * (i / max(len(seeds) - 1, 1) - 0.5) for i, s in enumerate(seeds)}
+    # Each seed a little above its variant's line, its mean below: on the line where one seed.
+    offset = {s: 0.3 * (i / max(len(seeds) - 1, 1) - 0.5) - 0.1 for i, s in enumerate(seeds)}
     fig = Figure(figsize=(9, 1.9 + 0.6 * len(variants)))
     ax, key = fig.subplots(2, 1, height_ratios=(0.8 + 0.6 * len(variants), 0.7))
-    if seed_sd is not None:
-        ax.axvspan(-2 * seed_sd, 2 * seed_sd, color="#e4e4e4", zorder=0)
     ax.axvline(0, color="black", lw=0.8, zorder=1)
     for y, variant in enumerate(variants):
+        if variant.mean is not None:
+            m = variant.mean
+            half = m.half_width
+            ax.barh(y, 2 * half, left=-half, height=0.8, color=BAND, zorder=0)
+            fill = "black" if m.beyond_noise else "white"
+            whiskers = [[m.mean - m.low], [m.high - m.mean]]
+            ax.errorbar(m.mean, y + 0.2, xerr=whiskers, fmt="D", color="black", mfc=fill, ms=6,
+                        capsize=4, zorder=4)  # fmt: skip
         for d in variant.seeds:
             colour, at = palette[d.seed], y + offset[d.seed] * (len(seeds) > 1)
             ax.plot([d.low, d.high], [at, at], color=colour, lw=1.5)
             fill = colour if d.significant else "white"
             ax.plot(d.delta, at, "o", color=colour, mfc=fill, ms=6, zorder=3)
-        if len(variant.seeds) >= 2:
-            deltas = [d.delta for d in variant.seeds]
-            mean, sd = statistics.mean(deltas), statistics.stdev(deltas)
-            ax.errorbar(mean, y, xerr=sd, fmt="D", color="black", ms=6, capsize=4, zorder=4)
         if variant.note:
             ax.text(0, y, f"  {variant.note}", va="center", ha="left", color="grey", fontsize=9)
     ax.set_yticks(range(len(variants)), [v.variant for v in variants])
@@ -65,12 +72,13 @@ def draw_differences(variants: list[VariantDifferences], seed_sd: float | None =
     ax.grid(axis="x", alpha=0.3)
     ax.set_title("Each variant against the baseline", fontsize=11)
     key.axis("off")
-    key.legend(handles=legend(palette, seed_sd), loc="center", ncol=3, frameon=False, fontsize=8)
+    means = any(v.mean is not None for v in variants)
+    key.legend(handles=legend(palette, means), loc="center", ncol=3, frameon=False, fontsize=8)
     fig.set_layout_engine("constrained")
     return fig
 
 
-def legend(palette: dict, seed_sd: float | None) -> list:
+def legend(palette: dict, means: bool) -> list:
     """The key of `draw_differences`: what each mark and the band mean."""
     from matplotlib.lines import Line2D
 
@@ -81,13 +89,11 @@ def legend(palette: dict, seed_sd: float | None) -> list:
     handles.append(
         Line2D([], [], color="grey", marker="o", mfc="white", ls="", label="not significant")
     )
-    if len(palette) >= 2:
-        handles.append(
-            Line2D([], [], color="black", marker="D", ls="", label="mean ± sd over seeds")
-        )
-    if seed_sd is not None:
-        band = f"seed noise: ± 2 × the baseline's sd ({seed_sd:.2f})"
-        handles.append(Line2D([], [], color="#e4e4e4", lw=8, label=band))
+    if means:
+        mean = "mean over seeds, its 95% interval (hollow: within noise)"
+        handles.append(Line2D([], [], color="black", marker="D", lw=1.5, label=mean))
+        band = "the verdict's threshold, ± the half-width: beyond noise outside it"
+        handles.append(Line2D([], [], color=BAND, lw=8, label=band))
     return handles
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import logging
 import re
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from mtrain.core import jsonl
 from mtrain.core.config import DataConfig
 from mtrain.core.files import write_atomic
+from mtrain.core.significance import ALPHA, SAMPLES, MeanDifference, tail_count
 from mtrain.decoding.loaded import open_run
 from mtrain.figures.attention import Attention
 from mtrain.figures.common import cjk_font_path, save
@@ -27,8 +27,6 @@ from mtrain.figures.lab import (
 )
 from mtrain.laboratory.plan import BASELINE, Lab
 from mtrain.laboratory.results import (
-    ALPHA,
-    SAMPLES,
     LabRow,
     Summary,
     Translations,
@@ -76,30 +74,38 @@ EXPLAINED = (
     ("test BLEU", "best.pt's greedy translation of the test set (the config's data.test), "
      "each source once with all its references; sacreBLEU. Mean lines: mean ± sd over seeds."),
     ("Δ test BLEU [95% interval]", "test BLEU minus the baseline's of the same seed, with "
-     f"the paired bootstrap's 95% interval ({SAMPLES} resamples of the test set: how far the "
-     "difference moves with the sentences drawn; seed noise not included). Mean lines: the "
-     "mean difference ± the standard deviation of the per-seed differences."),
-    ("p (Holm)", "the paired bootstrap's p-value (sacreBLEU's), adjusted by Holm's method "
-     "for the variants compared with the same baseline; the raw p-value in brackets where it "
-     f"differs. Below {ALPHA:g}: significant."),
+     f"its 95% interval by the paired bootstrap: {SAMPLES:,} resamples of the test set's "
+     "sentences (drawn with replacement, as many as the set holds), drawn once and the same "
+     "for every run and seed, each scored for both runs; the interval leaves out the "
+     f"{tail_count(SAMPLES)} lowest and the {tail_count(SAMPLES)} highest of the {SAMPLES:,} "
+     "differences. It is how far the difference moves with the sentences drawn, not with the "
+     "seed. Mean lines: the mean of the k per-seed differences, with its 95% interval, mean ± "
+     "t × √(2s²/k + b): s² the variance of a run's test BLEU from seed to seed, pooled over "
+     "the lab's systems (each about its own mean), b the variance over the resamples of the "
+     "mean of the k resampled differences (the test set's noise), t Student's for the "
+     "degrees of freedom of s² (more where b outweighs 2s²/k: Welch-Satterthwaite)."),
+    ("p (Holm)", "the paired bootstrap's two-sided p-value: twice (m + 1) / "
+     f"({SAMPLES:,} + 1), m the resampled differences on the far side of 0, adjusted by "
+     "Holm's method for the variants compared with the same baseline; the raw p-value in "
+     f"brackets where it differs. The raw p is below {ALPHA:g} exactly where the interval "
+     f"leaves out 0; the adjusted one below {ALPHA:g}: significant. Mean lines: none (their "
+     "verdict is their interval's)."),
 )  # fmt: skip
 ONE_SEED_VERDICT = (
     'from the paired bootstrap: "better (or worse) by x BLEU, significant" where the '
-    f'Holm-adjusted p-value is below {ALPHA:g}, else "within test-set noise". It covers the '
-    "test set's sampling, not the seed's luck: train two or more seeds (--seeds 1,2) to measure "
-    "that."
+    f"Holm-adjusted p-value is below {ALPHA:g} (its interval then leaves out 0), else "
+    "\"within test-set noise\". It covers the test set's sampling, not the seed's luck: train "
+    "two or more seeds (--seeds 1,2) to measure that."
 )
 SEEDS_VERDICT = (
-    'a run\'s line: its own bootstrap, as with one seed. A mean line: "beyond seed noise" '
-    "where (1) the difference is on the same side of zero on every seed, (2) every seed's "
-    "bootstrap is significant after Holm's correction, and (3) the mean difference is more "
-    "than twice the seed noise, how far two runs of one recipe differ when only the seed "
-    "changes: the larger of the baseline's sd over seeds and the sd of the per-seed "
-    "differences over √2. For a variant that changes nothing the mean difference over k seeds "
-    "has an sd of at most the seed noise (k ≥ 2), so (3) is a two-sigma bound; with few seeds "
-    'the sd is itself uncertain: read a verdict from two seeds as a first sign. Else "within '
-    "noise\", and which condition failed. The baseline's mean line is the noise floor: its "
-    "spread over seeds."
+    "a run's line: its own bootstrap, as with one seed. A mean line: \"better (or worse) by x "
+    'BLEU" where its 95% interval leaves out 0, else "within noise". On two seeds such a '
+    'verdict says "a first sign": s² then rests on one difference per system and on every '
+    "system's seeds scattering alike (a system that translates nothing is left out of s²). "
+    "Each mean line is judged on its own, with no correction for the number of variants: of "
+    "variants that change nothing, at most about one in twenty is called better or worse. The "
+    "baseline's mean line is the noise floor: its own spread over seeds, and s with its "
+    "degrees of freedom."
 )
 POSITIONS_TEXT = (
     "Without positions the encoder sees each piece without its place: its attention follows a "
@@ -160,8 +166,9 @@ def intro(lab: Lab, rows: list[LabRow]) -> str:
         return f"{trained} No variant: the lab measures the baseline's seed noise."
     return (
         f"{trained} Each variant is compared with the baseline of its seed on the test set; "
-        f"{variants} variant{'s are' if variants > 1 else ' is'} compared, and Holm's "
-        f"correction over the {variants} keeps the chance of any false effect below {ALPHA:g}."
+        f"{variants} variant{'s are' if variants > 1 else ' is'} compared, and on each seed "
+        f"Holm's correction over the {variants} keeps the chance that any variant that changes "
+        f"nothing is called significant below {ALPHA:g}."
     )
 
 
@@ -203,19 +210,23 @@ def run_line(row: LabRow) -> list[str]:
     ]
 
 
-def spread_text(spread, sign: str = "") -> str:
+def spread_text(spread) -> str:
     if spread is None:
         return "–"
     sd = "" if spread.sd is None else f" ± {spread.sd:.2f}"
-    return f"{spread.mean:{sign}.2f}{sd}"
+    return f"{spread.mean:.2f}{sd}"
+
+
+def mean_text(delta: MeanDifference | None) -> str:
+    """The mean difference over seeds and its 95% interval, as a run's line shows its own."""
+    return "–" if delta is None else f"{delta.mean:+.2f} [{delta.low:.2f}, {delta.high:.2f}]"
 
 
 def mean_line(summary: Summary) -> list[str]:
-    """A variant over its seeds: means, spreads and the verdict on seed noise."""
+    """A variant over its seeds: means, spreads, the mean difference and the verdict on it."""
     rows = summary.rows
     measured = [r for r in rows if not r.status]
     known = [r.updates_per_s for r in rows if r.updates_per_s is not None]
-    p_values = [p_text(r) for r in rows if r.p_holm is not None]
     return [
         summary.variant,
         " ".join(rows[0].changes) or "–",
@@ -228,8 +239,8 @@ def mean_line(summary: Summary) -> list[str]:
         number(sum(r.minutes for r in rows) / len(rows), 1),
         spread_text(summary.dev),
         spread_text(summary.test),
-        "–" if summary.variant == BASELINE else spread_text(summary.delta, "+"),
-        ", ".join(p_values) or "–",
+        mean_text(summary.delta),
+        "–",
         summary.verdict,
     ]
 
@@ -430,10 +441,12 @@ def draw_figures(
     """The figures there is something to draw for: file name -> caption."""
     figures = {}
     if any(r.delta is not None for r in rows):
-        save(draw_differences(differences(rows), seed_sd(rows)), lab_dir / DIFFERENCES)
+        save(draw_differences(differences(rows)), lab_dir / DIFFERENCES)
         figures[DIFFERENCES] = (
             "each variant's test BLEU minus the baseline's, seed by seed, with the paired "
-            "bootstrap's 95% interval (a hollow dot: not significant after Holm's correction)"
+            "bootstrap's 95% interval (a hollow dot: not significant after Holm's correction); "
+            "with several seeds, the mean (a diamond, hollow where within noise) with its 95% "
+            "interval, and in grey the band it must leave: ± that interval's half-width"
         )
     shown = attention_runs(rows)
     if shown:
@@ -458,7 +471,8 @@ def draw_figures(
 
 
 def differences(rows: list[LabRow]) -> list[VariantDifferences]:
-    """Each variant's per-seed differences from the baseline, for the figure."""
+    """Each variant's per-seed differences from the baseline and its mean over them with the
+    interval its verdict reads (the table's numbers), for the figure."""
     found = []
     for summary in summaries(rows):
         if summary.variant == BASELINE:
@@ -469,14 +483,8 @@ def differences(rows: list[LabRow]) -> list[VariantDifferences]:
             if r.delta is not None
         ]
         note = "" if seeds else next((r.status for r in summary.rows if r.status), "no BLEU")
-        found.append(VariantDifferences(summary.variant, seeds, note))
+        found.append(VariantDifferences(summary.variant, seeds, note, summary.delta))
     return found
-
-
-def seed_sd(rows: list[LabRow]) -> float | None:
-    """The baseline's standard deviation of test BLEU over seeds; None under two seeds."""
-    values = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
-    return statistics.stdev(values) if len(values) >= 2 else None
 
 
 def attention_probes(probes: tuple[str, ...]) -> tuple[str, ...]:

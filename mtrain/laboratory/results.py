@@ -6,16 +6,26 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from mtrain.core import jsonl
 from mtrain.core.config import DataConfig
 from mtrain.core.files import write_atomic
-from mtrain.core.metrics import holm, paired_bootstrap, score
+from mtrain.core.metrics import score
+from mtrain.core.significance import (
+    ALPHA,
+    SAMPLES,
+    MeanDifference,
+    holm,
+    mean_difference,
+    paired_bootstrap,
+    pooled_seed_variance,
+)
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
 from mtrain.decoding.loaded import open_run
@@ -34,8 +44,6 @@ from mtrain.run.directory import (
 log = logging.getLogger("mtrain")
 
 TRANSLATIONS = "translations"  # LAB_DIR/translations/<run>.json: a checkpoint's, kept
-ALPHA = 0.05  # a difference is significant where its Holm-adjusted p-value is below this
-SAMPLES = 1000  # bootstrap resamples
 
 
 @dataclass
@@ -44,7 +52,8 @@ class LabRow:
     chose best.pt) and of the test set (what the lab reports). `delta`, `interval` and the
     p-values compare its test BLEU with the baseline's of the same seed by the paired bootstrap
     (None for the baseline, and where either run has no BLEU); `p_holm` is Holm-adjusted over
-    the variants compared with that baseline. A run without BLEU says why in `status`."""
+    the variants compared with that baseline; `resampled` holds `delta` on each resample of the
+    test set, the same resamples for every seed. A run without BLEU says why in `status`."""
 
     variant: str
     seed: int
@@ -60,9 +69,10 @@ class LabRow:
     test_bleu: float | None
     delta: float | None  # test BLEU minus the baseline's
     interval: tuple[float, float] | None  # the bootstrap's 95% interval of `delta`
-    p_value: float | None
+    p_value: float | None  # two-sided: below ALPHA exactly where `interval` leaves out 0
     p_holm: float | None
     run_dir: Path
+    resampled: np.ndarray | None = field(default=None, repr=False)  # (SAMPLES,)
 
     @property
     def name(self) -> str:
@@ -209,7 +219,8 @@ def run_row(
 
 def compare(rows: list[LabRow], found: Mapping[str, Translations], test: EvalSet) -> None:
     """Fill in each row's test BLEU and, seed by seed, its paired bootstrap against the
-    baseline: the difference, its 95% interval, its p-value and Holm's over the variants."""
+    baseline: the difference, its 95% interval, its p-value and Holm's over the variants. Every
+    seed's bootstrap draws the same resamples (one generator seed, one test set)."""
     for row in rows:
         if row.name in found:
             row.test_bleu = score(found[row.name].test, test.references, test.tgt_lang).bleu
@@ -224,6 +235,7 @@ def compare(rows: list[LabRow], found: Mapping[str, Translations], test: EvalSet
             row.delta = c.bleu - baseline.bleu
             row.interval = (c.low, c.high)
             row.p_value = c.p_value
+            row.resampled = c.differences
         for row, p in zip(others, holm([r.p_value for r in others])):
             row.p_holm = p
 
@@ -276,24 +288,30 @@ class Summary:
     rows: list[LabRow]  # its runs, seed by seed
     dev: Spread | None
     test: Spread | None
-    delta: Spread | None  # over the seeds compared: the sd of the per-seed paired differences
+    delta: MeanDifference | None  # over the seeds compared (two or more), with its interval
     verdict: str
 
 
 def summaries(rows: list[LabRow]) -> list[Summary]:
-    """Each variant over its seeds (the baseline first): with two or more seeds, the verdict
-    on seed noise (`seed_verdict`); the baseline's spread over seeds is the noise floor."""
+    """Each variant over its seeds (the baseline first). With two or more seeds compared, the
+    mean difference's interval (`mean_difference`), its seed part from the seed variance of test
+    BLEU pooled over the lab's systems (`seed_noise`), and the verdict on it (`seed_verdict`)."""
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    variance, df = seed_noise(rows)
     base = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
-    noise = Spread.of(base)
     found = []
-    for variant in dict.fromkeys(r.variant for r in rows):
+    for variant in variants:
         mine = [r for r in rows if r.variant == variant]
-        compared = [r for r in mine if r.delta is not None]
-        deltas = [r.delta for r in compared]
+        compared = [r for r in mine if r.delta is not None and r.resampled is not None]
+        delta = None
         if variant == BASELINE:
-            verdict = noise_floor(noise, len(base))
-        elif len(compared) >= 2 and noise is not None and noise.sd is not None:
-            verdict = seed_verdict(deltas, [r.significant for r in compared], noise.sd)
+            verdict = noise_floor(Spread.of(base), len(base), variance, df)
+        elif len(compared) >= 2 and df:
+            resampled = [r.resampled for r in compared]
+            delta = mean_difference([r.delta for r in compared], resampled, variance, df)
+            verdict = seed_verdict(delta)
+        elif len(compared) >= 2:
+            verdict = "seed noise not measured: no system scored above 0 on two seeds"
         else:
             verdict = "compared on one seed only: see its line" if compared else "not compared"
         missing = [f"seed {r.seed}: {r.status}" for r in mine if r.status]
@@ -303,46 +321,47 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
                 mine,
                 Spread.of([r.dev_bleu for r in mine if r.dev_bleu is not None]),
                 Spread.of([r.test_bleu for r in mine if r.test_bleu is not None]),
-                Spread.of(deltas),
+                delta,
                 "; ".join([verdict, *missing]),
             )
         )
     return found
 
 
-def noise_floor(noise: Spread | None, seeds: int) -> str:
+def seed_noise(rows: list[LabRow]) -> tuple[float, int]:
+    """The variance of a run's test BLEU from seed to seed, pooled over the lab's systems (the
+    baseline and every variant, each about its own mean), and its degrees of freedom. A system
+    that translates nothing (test BLEU 0 on every seed) has no seed noise to show: left out."""
+    groups = [
+        [r.test_bleu for r in rows if r.variant == variant and r.test_bleu is not None]
+        for variant in dict.fromkeys(r.variant for r in rows)
+    ]
+    return pooled_seed_variance([g for g in groups if any(g)])
+
+
+def noise_floor(noise: Spread | None, seeds: int, variance: float, df: int) -> str:
     if noise is None or noise.sd is None:
         return "the baseline (one seed measured: seed noise unknown)"
-    return f"seed noise: test BLEU {noise.mean:.2f} ± {noise.sd:.2f} over {seeds} seeds"
+    pooled = f"; pooled over the lab: sd {variance**0.5:.2f}, {df} df" if df else ""
+    return f"seed noise: test BLEU {noise.mean:.2f} ± {noise.sd:.2f} over {seeds} seeds{pooled}"
 
 
-def bleu(value: float, like: float | None = None) -> str:
-    """BLEU in words: one decimal, two where the number (or `like`) is under 1."""
-    digits = 1 if abs(value if like is None else like) >= 1 else 2
-    return f"{abs(value):.{digits}f}"
+def bleu(value: float) -> str:
+    """BLEU in words: one decimal, two where the number is under 1."""
+    return f"{abs(value):.{1 if abs(value) >= 1 else 2}f}"
 
 
-def seed_verdict(deltas: list[float], significant: list[bool], baseline_sd: float) -> str:
-    """Beyond seed noise where (1) every seed's difference is on the same side of zero,
-    (2) every seed's paired bootstrap is significant after Holm's correction, and (3) the mean
-    difference is more than twice the seed noise: how far one run of a recipe moves from
-    another when only the seed changes, estimated twice, the larger kept: the baseline's
-    standard deviation over seeds, and that of the per-seed differences over √2 (the difference
-    of two such runs has sd·√2). Where a variant changes nothing, the mean of its differences
-    over k seeds has standard deviation sd·√(2/k), at most sd for k ≥ 2: (3) is then a
-    two-sigma bound; (1) and (2) stop a mean carried by one seed."""
-    mean, sd = statistics.mean(deltas), statistics.stdev(deltas)
-    noise = max(baseline_sd, sd / math.sqrt(2))
-    size = f"{bleu(mean)} ± {bleu(sd, mean)} BLEU"
-    if not (all(d > 0 for d in deltas) or all(d < 0 for d in deltas)):
-        reason = "not on the same side of zero on every seed"
-    elif not all(significant):
-        reason = "not significant on every seed"
-    elif abs(mean) <= 2 * noise:
-        reason = f"within twice the seed noise ({noise:.2f})"
-    else:
-        return f"{'better' if mean > 0 else 'worse'} by {size}, beyond seed noise"
-    return f"within noise ({'+' if mean >= 0 else '-'}{size}): {reason}"
+def seed_verdict(delta: MeanDifference) -> str:
+    """The mean difference over seeds in words: better or worse where its 95% interval leaves
+    out 0 ("a first sign" on two seeds, whose seed noise is a guess from few values), else
+    within noise."""
+    seeds = f"{delta.seeds} seeds"
+    if not delta.beyond_noise:
+        return f"within noise ({seeds})"
+    size = f"{'better' if delta.mean > 0 else 'worse'} by {bleu(delta.mean)} BLEU"
+    if delta.seeds == 2:
+        return f"{size}: a first sign ({seeds})"
+    return f"{size}, beyond noise ({seeds})"
 
 
 def run_verdict(row: LabRow) -> str:
