@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,9 @@ from mtrain.core.significance import SAMPLES, paired_bootstrap
 from mtrain.laboratory.plan import Budget, Lab, parse_variant
 from mtrain.laboratory.report import COLUMNS, markdown_table, report, table
 from mtrain.laboratory.results import LabRow, eval_set, run_verdict, summaries
-from mtrain.run.directory import run_config
+from mtrain.run.directory import LAST, finished_record, peek_checkpoint, run_config
+from mtrain.training.state import Checkpoints
+from mtrain.training.trainer import Interrupted
 
 from .synthetic import REPO
 from .test_lab import assert_the_bootstrap_of
@@ -265,7 +268,9 @@ def test_the_report_measures_what_it_compares(lab_dir) -> None:
             assert r.p_holm == r.p_value  # one variant: nothing to correct
     first = next(r for r in rows if r.variant != "baseline" and r.seed == 1)
     assert_the_bootstrap_of(first, out, test)  # recomputed
-    assert rows[0].parameters != rows[1].parameters or rows[0].changes != rows[1].changes
+    # The sinusoids no-positions leaves out are a buffer, not parameters (a variant with
+    # parameters of its own is counted in test_lab_runs.py's diverging lab).
+    assert rows[0].parameters == rows[1].parameters
 
     text = (out / "report.md").read_text("utf-8")
     cells = md_table(text, "variant | changes")
@@ -377,24 +382,40 @@ def test_the_attention_shows_the_word_order_probes_or_the_first() -> None:
     assert attention_probes(("我是谁", "我打他")) == ("我是谁",)
 
 
-def test_a_lab_whose_corpora_moved_goes_on_and_reports(corpus, tmp_path, monkeypatch) -> None:
-    """A moved clone (corpora named relative to it, run from it): the lab's runs resume with
-    their corpora where they now lie (last.pt knows them by their contents), and the report
-    reads them there, not where each finished run's config.yaml recorded them."""
+def test_a_lab_whose_corpora_moved_resumes_and_reports(corpus, tmp_path, monkeypatch, caplog):
+    """A moved clone (corpora named relative to it, run from it): a lab stopped mid-run resumes
+    that run with its corpora where they now lie (last.pt knows them by their contents), and the
+    report reads them there, not where the run's config.yaml first recorded them."""
     clone, moved = tmp_path / "clone", tmp_path / "moved"
     clone.mkdir()
     for key in ("train", "dev", "test"):
         shutil.copy(corpus[key], clone / f"{key}.tsv")
     keys = [f"data.{k}={k}.tsv" for k in ("train", "dev", "test")]
-    keys += ["tokenizer.vocab_size=300", f"train.eval_every={UPDATES}"]
+    keys += ["tokenizer.vocab_size=300", f"train.eval_every={UPDATES // 2}"]
     keys += ["train.batch_tokens=512", "train.precision=fp32"]
     config, out = REPO / "configs" / "tiny.yaml", tmp_path / "lab"
+    last = out / "baseline-seed1" / LAST
 
+    # SIGTERM once the run's first checkpoint is written, as a stopped lab's Ctrl-C.
+    save_last = Checkpoints.save_last
+
+    def stop_after_saving(self, state) -> None:
+        save_last(self, state)
+        if state["step"] == UPDATES // 2:
+            signal.raise_signal(signal.SIGTERM)  # its handler runs before this returns
+
+    monkeypatch.setattr(Checkpoints, "save_last", stop_after_saving)
     monkeypatch.chdir(clone)
-    first = mtrain.lab(config, [], out, updates=UPDATES, overrides=keys, device="cpu")
+    with pytest.raises(Interrupted):
+        mtrain.lab(config, [], out, updates=UPDATES, overrides=keys, device="cpu")
+    monkeypatch.undo()
+    assert peek_checkpoint(last)["step"] < UPDATES and finished_record(last) is None
     assert run_config(out / "baseline-seed1").data.test == str(clone / "test.tsv")
+
     clone.rename(moved)
     monkeypatch.chdir(moved)
-    again = mtrain.lab(config, [], out, updates=UPDATES, overrides=keys, device="cpu")
-    assert [r.test_bleu for r in again] == [r.test_bleu for r in first]
-    assert all(r.test_bleu is not None for r in again)
+    caplog.set_level("INFO")
+    rows = mtrain.lab(config, [], out, updates=UPDATES, overrides=keys, device="cpu")
+    assert f"run 1 of 1: baseline-seed1 (the baseline; {UPDATES} updates): resuming" in caplog.text
+    assert peek_checkpoint(last)["step"] == UPDATES and finished_record(last) is not None
+    assert rows[0].test_bleu is not None

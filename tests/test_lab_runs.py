@@ -412,31 +412,44 @@ def test_a_diverging_variant_is_a_row_and_the_lab_goes_on(corpus, tmp_path, capl
         **{"model.dropout": 0.3, "train.short_run_updates": 1000, "train.short_run_dropout": 0.05},
     )
     boom = "boom: train.lr=1e3 model.variant=no-layernorm"
+    # A run built on another's weights reads its corpus in the parent's pieces: a prepared
+    # corpus of its own, which the speed probe (the baseline's) does not prepare.
+    parent = tmp_path / "parent"
+    parent_keys = {"data.prepared_dir": str(tmp_path / "parent-prepared"), "train.max_steps": 2}
+    mtrain.train(TINY, parent, {**common, **parent_keys, "train.eval_every": 2}, device="cpu")
+    variants = [boom, "untied", f"kid: train.init_from={parent}"]
+    caplog.clear()
     caplog.set_level("INFO")
     options = dict(updates=10, overrides=common, probes=["我打他"], device="cpu")
-    rows = mtrain.lab(TINY, [boom, "one-head"], out, **options)
+    rows = mtrain.lab(TINY, variants, out, **options)
     log = caplog.text
-    diverged = re.search(r"run 2 of 3: boom-seed1 (diverged at step \d+: loss not finite)", log)
+    diverged = re.search(r"run 2 of 4: boom-seed1 (diverged at step \d+: loss not finite)", log)
     assert diverged, log
     # the diverged run is a row that says so, and the run after it trained
     assert [(r.variant, r.status) for r in rows] == [
         ("baseline", ""),
         ("boom", diverged.group(1)),
-        ("one-head", ""),
+        ("untied", ""),
+        ("kid", ""),
     ]
+    assert rows[2].parameters > rows[0].parameters  # each row counts its own run's model
     record = json.loads((out / LAB_FILE).read_text())
     assert record["runs"] == {"boom-seed1": {"diverged": diverged.group(1)}}
     assert (out / "report.md").is_file()
-    # The corpus was prepared, and the speed measured, before the first run's clock started.
-    assert log.index("prepared ") < log.index("run 1 of 3: baseline-seed1")
+    # Both corpora were prepared, and the speed measured, before the first run's clock started.
+    first_run = log.index("run 1 of 4: baseline-seed1")
+    prepared = set(re.findall(r"prepared (\S+) in ", log))
+    assert len(prepared) == 2 and prepared == set(
+        re.findall(r"prepared (\S+) in ", log[:first_run])
+    )
     assert re.search(
-        r"lab: 3 runs of 10 updates; about \d+ min at [\d.]+ updates/s measured here; "
+        r"lab: 4 runs of 10 updates; about \d+ min at [\d.]+ updates/s measured here; "
         r"ends about \d\d:\d\d",
         log,
     )
     # One recipe for every run, recorded: 10 updates are short of 1,000.
     assert record["recipe"] == ["model.dropout=0.05", "train.short_run_updates=0"]
-    for name in ("baseline-seed1", "one-head-seed1", "boom-seed1"):
+    for name in ("baseline-seed1", "untied-seed1", "kid-seed1", "boom-seed1"):
         written = yaml.safe_load((out / name / "config.yaml").read_text())
         assert written["model"]["dropout"] == 0.05, name
         assert written["train"]["short_run_updates"] == 0, name
@@ -444,13 +457,13 @@ def test_a_diverging_variant_is_a_row_and_the_lab_goes_on(corpus, tmp_path, capl
     # Again: the diverged run is not trained again, nor are the others.
     caplog.clear()
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")}
-    again = mtrain.lab(TINY, [boom, "one-head"], out, **options)
+    again = mtrain.lab(TINY, variants, out, **options)
     assert [r.dev_bleu for r in again] == [r.dev_bleu for r in rows]
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")} == stamps
-    assert "run 2 of 3: boom-seed1 diverged at step" in caplog.text
-    assert "lab: 3 runs of 10 updates; all trained" in caplog.text
+    assert "run 2 of 4: boom-seed1 diverged at step" in caplog.text
+    assert "lab: 4 runs of 10 updates; all trained" in caplog.text
     with pytest.raises(OptionError, match="the budget changed: 10 updates → 30 updates"):
-        mtrain.lab(TINY, [boom, "one-head"], out, **{**options, "updates": 30})
+        mtrain.lab(TINY, variants, out, **{**options, "updates": 30})
 
 
 def test_a_baseline_only_lab_at_equal_time_honours_its_minutes(corpus, tmp_path) -> None:
