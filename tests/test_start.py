@@ -4,6 +4,7 @@ Ctrl-C as an MtrainError of the library."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -29,21 +30,26 @@ class OtherRank:
         return copy.deepcopy(self.rank_0s)
 
 
-def test_the_paths_of_this_machine_are_declared_in_the_keys_policy():
-    assert config.LOCATIONS == {
-        ("data", "train"): config.Location.CORPUS,
-        ("data", "dev"): config.Location.CORPUS,
-        ("data", "test"): config.Location.CORPUS,
-        ("data", "prepared_dir"): config.Location.DIRECTORY,
+def test_every_key_typed_as_a_corpus_is_declared_a_path_of_this_machine():
+    """A key whose type is a corpus names files of this machine: so declared, it is checked
+    and made absolute at a run's start and kept per process under torchrun."""
+    typed = {
+        (section.name, item.name)
+        for section in dataclasses.fields(Config)
+        for item in dataclasses.fields(section.default_factory)
+        if "Corpus" in str(item.type)
     }
+    declared = {k for k, where in config.LOCATIONS.items() if where is config.Location.CORPUS}
+    assert typed == declared and ("data", "train") in typed
 
 
 def test_each_rank_keeps_its_own_paths_and_takes_rank_0s_other_keys():
-    rank_0s = Config(data=DataConfig(train="/zero/t.tsv", prepared_dir="/zero/p", max_src_len=9))
-    mine = Config(data=DataConfig(train="/one/t.tsv", dev="/one/d.tsv", prepared_dir="/one/p"))
+    paths = {"train": "t.tsv", "dev": "d.tsv", "test": "x.tsv", "prepared_dir": "p"}
+    rank_0s = Config(data=DataConfig(**{k: f"/zero/{v}" for k, v in paths.items()}, max_src_len=9))
+    mine = Config(data=DataConfig(**{k: f"/one/{v}" for k, v in paths.items()}))
     got = rank_0s_config(mine, OtherRank(rank_0s))
-    for section, name in config.LOCATIONS:
-        assert getattr(getattr(got, section), name) == getattr(getattr(mine, section), name)
+    for name in paths:
+        assert getattr(got.data, name) == getattr(mine.data, name), name
     assert got.data.max_src_len == 9 and mine.data.max_src_len == 64
 
 
@@ -55,8 +61,8 @@ def test_resolve_data_makes_every_path_of_this_machine_absolute(corpus, tmp_path
         )
     )
     resolve_data(cfg, tmp_path / "c.yaml")
-    for section, name in config.LOCATIONS:
-        assert Path(getattr(getattr(cfg, section), name)).is_absolute(), name
+    for name in ("train", "dev", "test", "prepared_dir"):
+        assert Path(getattr(cfg.data, name)).is_absolute(), name
     cfg.data.dev = "missing.tsv"
     with pytest.raises(MtrainError, match=r"c\.yaml: data\.dev: .*missing\.tsv"):
         resolve_data(cfg, tmp_path / "c.yaml")
