@@ -30,8 +30,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "deep-encoder": ("model.n_encoder_layers=3", "model.n_decoder_layers=1"),
 }
 
-# 我打他 / 他打我 and 狗咬人 / 人咬狗 hold the same characters in another order: only positions
-# tell them apart. The long sentence shows what a variant does to length and coverage.
+# 我打他 / 他打我 and 狗咬人 / 人咬狗 hold the same characters in another order. Where both are
+# cut into the same pieces (狗咬人 / 人咬狗) only positions tell them apart; 我打他 is `▁我 打 他`
+# and 他打我 `▁他 打 我` (SentencePiece marks a word's first piece). The long sentence shows what
+# a variant does to length and coverage.
 PROBES = (
     "我是谁",
     "我打他",
@@ -96,13 +98,14 @@ class Preset:
 
 # the presets' lab size: two validations a run of 1,200 updates, no averaged checkpoint
 LAB_SIZE = ("train.eval_every=600", "train.average_last=0")
-# quick: a learner's first lab, within 35 minutes on 2 fp32 cores of the AVX2 class, its
+# quick: a learner's first lab, about 30 minutes on 2 fp32 cores of the AVX2 class, its
 # baseline trained far enough to translate (dev BLEU 15 and up needs about 1,000 updates at
 # this schedule: docs/lab.md), so three runs: the baseline, and the two parts whose loss shows
-# on the probes: positions (我打他 / 他打我) and the causal mask (peek). On the AVX2-only EPYC of
-# docs/results.md (2026-12-04) the default trains about 2.6 updates/s in fp32; a run spends
-# ~2 min besides its updates: two validations (eval_every 600, no averaged checkpoint) and the
-# lab's own greedy passes over dev and test. 3 x (1,200 / 2.6 + 120) s + 60 s = 29.7 minutes.
+# on the probes: positions (the word-order pairs) and the causal mask (peek). On the AVX2-only
+# EPYC of docs/results.md (2026-12-04) the default trains about 2.6 updates/s in fp32; a run
+# spends ~2 min besides its updates: two validations (eval_every 600, no averaged checkpoint)
+# and the lab's own greedy passes over dev and test. 3 x (1,200 / 2.6 + 120) s + 60 s = 1,805 s,
+# about 30 minutes (docs/lab.md: 20 measured on a faster EPYC with its kernels held to AVX2).
 QUICK = Preset(
     Path("configs/default.yaml"), Budget(updates=1200), ("no-positions", "peek"), overrides=LAB_SIZE
 )

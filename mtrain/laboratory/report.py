@@ -488,7 +488,8 @@ def differences(rows: list[LabRow]) -> list[VariantDifferences]:
 
 
 def attention_probes(probes: tuple[str, ...]) -> tuple[str, ...]:
-    """我打他 and 他打我 where both are probes (only positions tell them apart); else the first."""
+    """我打他 and 他打我 where both are probes (the same characters in another order); else the
+    first."""
     return POSITION_PROBES if set(POSITION_PROBES) <= set(probes) else probes[:1]
 
 
