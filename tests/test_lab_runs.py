@@ -19,12 +19,15 @@ import torch
 import yaml
 
 import mtrain
+from mtrain.core import config
 from mtrain.core.errors import MtrainError, OptionError
 from mtrain.laboratory import plan, runner
 from mtrain.laboratory.plan import (
     FULL,
+    PAPER,
     PROBES,
     QUICK,
+    TEXTBOOK,
     VARIANTS,
     Budget,
     Lab,
@@ -128,6 +131,31 @@ def test_the_presets_config_is_found_from_any_directory(tmp_path, monkeypatch) -
     full = make_lab(None, [], preset="full")
     assert [v.name for v in full.variants] == list(VARIANTS) == list(FULL.variants)
     assert full.seeds == (1, 2) and full.budget == Budget(updates=2000)
+
+
+def test_the_textbook_and_paper_presets_ask_every_question_once_at_one_size() -> None:
+    """textbook: every part a model.variant takes out, and one head; paper: the rest of the
+    named variants but the shape; both at the quick preset's size, so a quick lab's runs are
+    the textbook's first three."""
+    parts = {name for name, v in config.VARIANTS.items() if v.lacks and v.positions != "learned"}
+    assert set(TEXTBOOK.variants) == parts | {"one-head"}
+    assert set(TEXTBOOK.variants) | set(PAPER.variants) == set(VARIANTS) - {"deep-encoder"}
+    assert not set(TEXTBOOK.variants) & set(PAPER.variants)
+    for preset in (TEXTBOOK, PAPER):
+        assert preset.seeds == (1, 2)
+        assert (preset.budget, preset.overrides) == (QUICK.budget, QUICK.overrides)
+    textbook = make_lab(None, [], preset="textbook")
+    quick = make_lab(None, [], preset="quick")
+    assert textbook.runs()[:3] == quick.runs()
+
+
+def test_no_dropout_trains_without_dropout_whatever_the_recipe_chose() -> None:
+    lab = dataclasses.replace(
+        make_lab(None, ["no-dropout"], preset="paper"), recipe=("model.dropout=0.1",)
+    )
+    base, no_dropout = lab.runs()[:2]
+    dropout = [config.load(lab.config, list(r.overrides)).model.dropout for r in (base, no_dropout)]
+    assert dropout == [0.1, 0.0]
 
 
 def test_a_preset_lab_goes_on_in_a_moved_clone(tmp_path, monkeypatch) -> None:
