@@ -29,6 +29,14 @@ def number_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return pairs
 
 
+def resampled(text: str) -> str:
+    """A TSV corpus's text with each source paired with the next line's target: other pairs of
+    the same sentences, of the same size (a test set resampled)."""
+    pairs = [line.split("\t", 1) for line in text.splitlines(keepends=True)]
+    sources = [source for source, _ in pairs]
+    return "".join(f"{s}\t{t}" for s, (_, t) in zip(sources[1:] + sources[:1], pairs))
+
+
 def small_model(
     src_vocab: int, tgt_vocab: int, norm: str = "pre", seed: int = 0, layers: int = 2
 ) -> Transformer:

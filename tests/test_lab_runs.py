@@ -40,7 +40,7 @@ from mtrain.training.build import build_trainer
 from mtrain.training.trainer import Interrupted
 
 from .console import mtrain as mtrain_command
-from .synthetic import REPO, small_config
+from .synthetic import REPO, resampled, small_config
 from .test_train import CPU, scripted
 
 TINY = REPO / "configs" / "tiny.yaml"
@@ -556,3 +556,47 @@ def test_the_api_lab_writes_its_lines_to_stderr_where_it_is_a_file(tmp_path) -> 
         done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=ENV, stderr=stderr)
     assert done.returncode == 0
     assert (tmp_path / "stderr").read_text() == "run 1 of 1: baseline-seed1\n"
+
+
+def test_a_rerun_after_a_corpus_changed_is_refused_before_anything_trains(corpus, tmp_path):
+    """A finished run's last.pt holds a hash of the corpora it was trained on (the dev and test
+    sets among them: they shape the training pairs and chose best.pt): a rerun after one of them
+    changed (the training corpus; the test set resampled at the same size) is refused in one
+    line naming the run, before anything is prepared or trained (a seed added before it too),
+    and nothing is rewritten."""
+    data = tmp_path / "data"
+    data.mkdir()
+    files = {key: data / f"{key}.tsv" for key in ("train", "dev", "test")}
+    for key, path in files.items():
+        path.write_bytes(Path(corpus[key]).read_bytes())
+    located = {**{k: str(p) for k, p in files.items()}, "prepared_dir": tmp_path / "prepared"}
+    keys = sets(located, **{"train.precision": "fp32", "train.dev_examples": 0})
+    out = tmp_path / "lab"
+    mtrain.lab(
+        TINY, [], out, updates=10, seeds=(2,), overrides=keys, probes=["我打他"], device="cpu"
+    )
+
+    def written() -> dict[Path, tuple[int, bytes]]:  # but the corpora and the run's lock
+        every = (p for p in tmp_path.rglob("*") if p.is_file() and data not in p.parents)
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in every if p.name != ".lock"}
+
+    changes = {
+        "train": files["train"].read_text("utf-8") + "一\tone\n",
+        "test": resampled(files["test"].read_text("utf-8")),
+    }
+    for key, text in changes.items():
+        before = files[key].read_bytes()
+        files[key].write_text(text, "utf-8")
+        assert key == "train" or files[key].stat().st_size == len(before)
+        kept = written()
+        lab = ["lab", "-c", str(TINY), "--updates", "10", "--seeds", "1,2", "--out", str(out)]
+        done = mtrain_command(*lab, "--probe", "我打他", "--device", "cpu", *as_options(keys))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr  # one line, nothing logged before it
+        run = out / "baseline-seed2"
+        assert done.stderr.startswith(
+            f"mtrain: error: lab run baseline-seed2: data.{key}: {files[key]} is not what "
+            f"{run / LAST} was trained on"
+        ), done.stderr
+        assert written() == kept and not (out / "baseline-seed1").exists()
+        files[key].write_bytes(before)

@@ -268,6 +268,22 @@ def test_a_touched_corpus_is_hashed_once_not_at_every_start(tmp_path, corpus, mo
     assert hashed == []
 
 
+def test_the_corpora_hashed_unprepared_are_what_a_checkpoint_records(tmp_path, corpus):
+    """`corpus_digests` (a resume's and a lab's check, without preparing) gives the hashes a
+    checkpoint records of a prepared corpus, from its manifest or from the files alone."""
+    pairs = number_pairs(200, seed=5)
+    train = [
+        str(write_tsv(tmp_path / f"{h}.tsv", part))
+        for h, part in (("a", pairs[:90]), ("b", pairs[90:]))
+    ]
+    cfg = cfg_for({**corpus, "train": train}, tmp_path)
+    recorded = prepared_format.data_digests(TokenCorpus(prepare(cfg)).manifest)
+    assert prepare_module.corpus_digests(cfg) == recorded
+    shutil.rmtree(tmp_path / "prepared")
+    assert prepare_module.corpus_digests(cfg) == recorded
+    assert recorded["test"] == fingerprint(Path(corpus["test"]))
+
+
 # Constants lowered so that a few hundred lines cross chunks, the tokenizer sample and the
 # bad-line threshold, as millions of lines do with the real ones.
 

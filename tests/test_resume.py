@@ -190,6 +190,30 @@ def test_a_run_whose_corpora_moved_resumes_and_another_corpus_is_refused(corpus,
     assert run_config(run).data.train == str(moved / "train.tsv")
 
 
+def test_a_damaged_last_pt_whose_corpora_moved_is_refused_as_damaged(corpus, tmp_path):
+    """Corpora at other paths are compared by the hashes last.pt holds: a last.pt that cannot
+    be read is what is refused, not the paths."""
+    clone, moved = tmp_path / "clone", tmp_path / "moved"
+    for root in (clone, moved):
+        root.mkdir()
+        for key in ("train", "dev", "test"):
+            shutil.copy(corpus[key], root / f"{key}.tsv")
+
+    def cfg_in(root: Path) -> config.Config:
+        files = {key: str(root / f"{key}.tsv") for key in ("train", "dev", "test")}
+        return small_config({**corpus, **files}, max_steps=2, eval_every=2)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_config(run, cfg_in(clone))
+    build_trainer(cfg_in(clone), run, torch.device("cpu")).run()
+    check_resumable(run, cfg_in(moved))  # the same contents elsewhere
+    last = run / "last.pt"
+    last.write_bytes(last.read_bytes()[:500])
+    with pytest.raises(CheckpointError, match=r"last\.pt: not a loadable mtrain checkpoint"):
+        check_resumable(run, cfg_in(moved))
+
+
 def test_resume_with_another_config_is_refused(corpus, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

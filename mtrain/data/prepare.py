@@ -25,6 +25,7 @@ from mtrain.data.prepared import (
     MANIFEST,
     DamagedCorpus,
     check_prepared,
+    data_digests,
     read_manifest,
     sha256,
     write_manifest,
@@ -84,6 +85,22 @@ def _input_paths(cfg: Config) -> list[Path]:
         for corpus in corpora(getattr(cfg.data, key))
         for p in corpus.files
     ]
+
+
+def corpus_digests(cfg: Config) -> dict[str, str]:
+    """The hashes a checkpoint holds of the corpora (`data_digests`), of the files of `cfg` as
+    they are now, without preparing them: a file whose size and time the manifest of its
+    corpus prepared with its own tokenizer records keeps the hash recorded there (a `stat`);
+    any other (a parent's tokenizer's, a moved clone's) is hashed."""
+    try:
+        known = {i["path"]: i for i in read_manifest(prepared_dir(cfg))["inputs"]}
+    except DamagedCorpus:  # none yet, or damaged: the files are hashed
+        known = {}
+    inputs = [file_identity(p, known.get(str(p))) for p in _input_paths(cfg)]
+    train, dev = (
+        sum(len(c.files) for c in corpora(getattr(cfg.data, k))) for k in ("train", "dev")
+    )
+    return data_digests({"inputs": inputs, "train_files": train, "dev_files": dev})
 
 
 def is_prepared(directory: Path) -> bool:

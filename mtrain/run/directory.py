@@ -158,6 +158,21 @@ def check_tokenizer(path: Path, state: dict[str, Any], fingerprint: str) -> None
         )
 
 
+def check_corpora(
+    path: Path, state: dict[str, Any], digests: dict[str, str], paths: dict[str, str]
+) -> None:
+    """Refuse a checkpoint trained on other corpora than those at `paths` now: it holds a hash
+    of the training, dev and test files (`data_digests`: the dev and test sources shape the
+    training pairs too), compared with `digests`, theirs now. A corpus it holds no hash of
+    (written before checkpoints kept them) is not compared."""
+    for key, digest in state.get("data", {}).items():
+        if digests.get(key) != digest:
+            raise CheckpointError(
+                f"data.{key}: {paths[key]} is not what {path} was trained on (changed since it "
+                "was written, or another corpus): restore the file, or train into another --out"
+            )
+
+
 def step_name(step: int) -> str:
     return f"step-{step:08d}.pt"
 

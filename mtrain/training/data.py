@@ -29,7 +29,7 @@ from mtrain.data.prepared import data_digests, identity
 from mtrain.data.subword_sampling import SourceSampler, planned_lengths
 from mtrain.data.token_corpus import TokenCorpus, drop_final_punctuation
 from mtrain.data.tokenizer import SRC_MODEL, TGT_MODEL, Tokenizer, too_long
-from mtrain.run.directory import CheckpointError
+from mtrain.run.directory import CheckpointError, check_corpora
 from mtrain.run.lineage import Parent
 
 log = logging.getLogger(__name__)
@@ -155,13 +155,7 @@ class TrainingData:
     def check_unchanged(self, state: dict, path: Path) -> None:
         """Refuse to resume from the checkpoint `path` if a corpus changed since it was written,
         or was prepared with another tokenizer than the run's."""
-        for key, digest in state.get("data", {}).items():
-            if self.fingerprints.get(key) != digest:
-                raise CheckpointError(
-                    f"data.{key}: {self.paths[key]} is not what {path} was trained on (changed "
-                    "since it was written, or another corpus); resuming would not continue the "
-                    "same run (restore the file, or train into another --out)"
-                )
+        check_corpora(path, state, self.fingerprints, self.paths)
         if (
             state.get("tokenizer", self.corpus.manifest["tokenizer"])
             != self.corpus.manifest["tokenizer"]

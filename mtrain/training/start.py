@@ -17,11 +17,13 @@ from mtrain.core.config import Config, ConfigError, Resume, effective
 from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.files import LOCK_FILE, DirectoryLock, remove_leftovers
 from mtrain.data import corpus
+from mtrain.data.prepare import corpus_digests
 from mtrain.run.directory import (
     BEST,
     CONFIG_FILE,
     LAST,
     CheckpointError,
+    check_corpora,
     peek_checkpoint,
     recorded_version,
     run_config,
@@ -164,15 +166,14 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
 
 
 def check_resumable(run_dir: Path, cfg: Config) -> None:
-    """Refuse to resume a run with a config other than its own, but for the keys declared to
-    change on a resume (config.Resume); those it records keep the run's own value. A corpus
-    whose contents the checkpoint holds a hash of is compared by them, not by its path (a moved
-    clone's corpora resume): TrainingData compares them once the corpus is open."""
+    """Refuse to resume (or, in a lab, to report) a run with a config other than its own, but
+    for the keys declared to change on a resume (config.Resume); those it records keep the
+    run's own value. A corpus whose contents the checkpoint holds a hash of is compared by them,
+    not by its path (a moved clone's corpora resume), before anything is prepared; a damaged
+    checkpoint is refused first, as nothing can resume from it."""
     saved = run_config(run_dir)
-    try:  # the config is checked first: a damaged checkpoint is said when the run loads it
-        hashed = set(peek_checkpoint(run_dir / LAST).get("data", {}))
-    except CheckpointError:
-        hashed = set()
+    state = peek_checkpoint(run_dir / LAST)
+    hashed = set(state.get("data", {}))
     for (section, name), policy in config.POLICIES.items():
         if policy.location is config.Location.CORPUS and section == "data" and name in hashed:
             continue
@@ -190,6 +191,9 @@ def check_resumable(run_dir: Path, cfg: Config) -> None:
                 f"{run_dir} was trained with {section}.{name}={old!r}, not {new!r}; use the "
                 "run's own config or another --out"
             )
+    if hashed:
+        paths = {key: getattr(cfg.data, key) for key in hashed}
+        check_corpora(run_dir / LAST, state, corpus_digests(cfg), paths)
 
 
 def resumed(run_dir: Path) -> Config | None:
