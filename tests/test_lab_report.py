@@ -4,6 +4,7 @@ row, and a report.md and report.html that escape what a probe holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -22,7 +23,7 @@ from mtrain.run.directory import LAST, finished_record, peek_checkpoint, run_con
 from mtrain.training.state import Checkpoints
 from mtrain.training.trainer import Interrupted
 
-from .synthetic import REPO
+from .synthetic import REPO, resampled
 from .test_lab import assert_the_bootstrap_of
 
 UPDATES = 10
@@ -298,6 +299,50 @@ def test_the_test_translations_are_kept(lab_dir, monkeypatch) -> None:
     monkeypatch.setattr(results, "open_run", refuse)
     rows = report(lab, out, "cpu", {}, baseline_data(out))
     assert all(r.test_bleu is not None for r in rows)
+
+
+def test_the_translations_are_made_again_when_what_they_translated_changes(
+    lab_dir, tmp_path, monkeypatch
+) -> None:
+    """The translations kept are those of the dev and test sources as they were: a test set
+    resampled at the same size is translated again and scored against its own references, as
+    is a run whose kept translations do not say what they translated."""
+    lab, out = lab_dir
+    work = tmp_path / "lab"
+    shutil.copytree(out, work, symlinks=True)
+    alone = Lab(lab.config, lab.budget, (), lab.seeds, lab.overrides, lab.probes)
+    old = baseline_data(work)
+    test_file = tmp_path / "test.tsv"
+    test_file.write_text(resampled(Path(old.test).read_text("utf-8")), "utf-8")
+    assert test_file.stat().st_size == Path(old.test).stat().st_size
+    data = dataclasses.replace(old, test=str(test_file))
+    from mtrain.laboratory import results
+
+    translated, open_run = [], results.open_run
+
+    def opened(run_dir, *args, **kwargs):
+        translated.append(run_dir.name)
+        return open_run(run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(results, "open_run", opened)
+    kept_file = {r.name: work / "translations" / f"{r.name}.json" for r in alone.runs()}
+    keys = {name: json.loads(path.read_text("utf-8"))["key"] for name, path in kept_file.items()}
+    rows = report(alone, work, "cpu", {}, data)
+    assert translated == ["baseline-seed1", "baseline-seed2"]
+    test = eval_set(data, "test")
+    for r in rows:
+        kept = json.loads(kept_file[r.name].read_text("utf-8"))
+        assert kept["key"] != keys[r.name]
+        assert r.test_bleu == pytest.approx(score(kept["test"], test.references, "en").bleu)
+    mean = md_table((work / "report.md").read_text("utf-8"), "variant | changes")[-1]
+    assert mean[COLUMNS.index("test BLEU")].startswith(f"{sum(r.test_bleu for r in rows) / 2:.2f}")
+
+    translated.clear()
+    kept = json.loads(kept_file["baseline-seed1"].read_text("utf-8"))
+    del kept["key"]["sources"]  # as a lab kept them before they said what they translated
+    kept_file["baseline-seed1"].write_text(json.dumps(kept), "utf-8")
+    report(alone, work, "cpu", {}, data)
+    assert translated == ["baseline-seed1"]
 
 
 def test_a_run_that_diverged_or_never_validated_is_a_row(lab_dir, tmp_path) -> None:

@@ -28,6 +28,7 @@ from mtrain.core.significance import (
 )
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
+from mtrain.data.prepared import sha256
 from mtrain.decoding.loaded import open_run
 from mtrain.laboratory.plan import BASELINE, LabRun
 from mtrain.run.directory import (
@@ -116,17 +117,14 @@ def eval_set(data: DataConfig, split: str) -> EvalSet:
 def translations(
     run_dir: Path, lab_dir: Path, dev: EvalSet, test: EvalSet, probes: tuple[str, ...], device: str
 ) -> Translations:
-    """The run's greedy translations, from LAB_DIR/translations/ while its best.pt is the same."""
+    """The run's greedy translations, from LAB_DIR/translations/ while its best.pt and the dev
+    and test sources are the same (the references are not translated: BLEU is scored afresh)."""
     best = (run_dir / BEST).resolve()
     kept_file = lab_dir / TRANSLATIONS / f"{run_dir.name}.json"
-    key = {"checkpoint": best.name, "mtime_ns": best.stat().st_mtime_ns}
+    sources = sha256(json.dumps([dev.sources, test.sources], ensure_ascii=False))
+    key = {"checkpoint": best.name, "mtime_ns": best.stat().st_mtime_ns, "sources": sources}
     kept = read_kept(kept_file)
-    if (
-        kept.get("key") == key
-        and len(kept["dev"]) == len(dev.sources)
-        and len(kept["test"]) == len(test.sources)
-        and set(probes) <= set(kept["probes"])
-    ):
+    if kept.get("key") == key and set(probes) <= set(kept["probes"]):
         return Translations(kept["step"], kept["dev"], kept["test"], kept["probes"])
     log.info("%s: translating the dev set, the test set and the probes", run_dir.name)
     opened = open_run(run_dir, device, BEST, beam=1)
