@@ -151,7 +151,6 @@ def lab(
     from mtrain.core.progress import lines_to_stderr
     from mtrain.laboratory.plan import make_lab
     from mtrain.laboratory.runner import run_lab
-    from mtrain.training.start import check_start, train_run
 
     plan = make_lab(
         None if config is None else _path(config, "config"),
@@ -163,12 +162,8 @@ def lab(
         None if probes is None else _several(probes, str, "probes"),
         preset,
     )
-
-    def train(cfg: Path, changes: list, run_dir: Path) -> None:
-        train_run(cfg, changes, run_dir, device)
-
     with lines_to_stderr():
-        return run_lab(plan, _path(out, "out"), train, check_start, device)
+        return run_lab(plan, _path(out, "out"), device)
 
 
 def __getattr__(name: str) -> Any:

@@ -184,7 +184,7 @@ def test_a_preset_lab_goes_on_in_a_moved_clone(tmp_path, monkeypatch) -> None:
 def test_the_api_takes_one_string_as_one_probe_and_one_variant(monkeypatch) -> None:
     asked = {}
 
-    def run_lab(plan, out, train, check, device):
+    def run_lab(plan, out, device):
         asked.update(plan=plan, out=out)
         return []
 
@@ -283,22 +283,20 @@ def fake_clone(root: Path, corpus: dict[str, str]) -> Path:
     return root
 
 
-def stop(config: Path, overrides: list, run_dir: Path) -> None:
+def stop(config: Path, overrides: list, run_dir: Path, device: str) -> None:
     raise Interrupted(0, run_dir)  # as Ctrl-C stops the first run
 
 
 def test_an_interrupted_preset_lab_given_data_paths_goes_on(corpus, tmp_path, monkeypatch) -> None:
     """`--preset quick --set data.prepared_dir=...` (or data.dev and data.test of one's own),
     stopped, then the same again: it goes on. Another path is refused naming it."""
-    from mtrain.training.start import check_start
-
     monkeypatch.setattr(plan, "CLONE", fake_clone(tmp_path / "clone", corpus))
     small = ("tokenizer.vocab_size=300", "tokenizer.character_coverage=1.0")
     given = (*small, f"data.prepared_dir={tmp_path / 'prepared'}")
     lab = make_lab(None, [], preset="quick", overrides=given)
     for _ in range(2):
         with pytest.raises(Interrupted):
-            runner.run_lab(lab, tmp_path / "lab", stop, check_start, "cpu")
+            runner.run_lab(lab, tmp_path / "lab", "cpu", stop)
     for overrides in (given, (*small, f"data.dev={corpus['dev']}", f"data.test={corpus['test']}")):
         out = tmp_path / str(len(overrides))
         LabRecord.of(make_lab(None, [], preset="quick", overrides=overrides)).write(out)
@@ -315,21 +313,18 @@ def test_a_lab_without_lab_json_takes_no_other_budget(corpus, tmp_path, trained)
     """A lab directory whose runs were trained to another budget, with no lab.json to say so
     (begun before labs kept one, or deleted), is refused before anything trains."""
     from mtrain.run.directory import write_config
-    from mtrain.training.start import check_start
 
     out = tmp_path / "lab"
     (out / "baseline-seed1").mkdir(parents=True)
     write_config(out / "baseline-seed1", small_config(corpus, **trained))
     lab = make_lab(TINY, ["peek"], updates=1, overrides=tuple(sets(corpus).items()))
     with pytest.raises(OptionError, match="its run baseline-seed1 was trained to") as refused:
-        runner.run_lab(lab, out, stop, check_start, "cpu")
+        runner.run_lab(lab, out, "cpu", stop)
     assert "not this lab's 1 updates" in str(refused.value)
     assert not (out / LAB_FILE).exists()
     if trained.get("max_steps") == 2:  # the lab it was: goes on
         with pytest.raises(Interrupted):
-            runner.run_lab(
-                dataclasses.replace(lab, budget=Budget(2)), out, stop, check_start, "cpu"
-            )
+            runner.run_lab(dataclasses.replace(lab, budget=Budget(2)), out, "cpu", stop)
 
 
 @pytest.mark.parametrize(
@@ -346,13 +341,11 @@ def test_a_lab_without_lab_json_takes_no_other_budget(corpus, tmp_path, trained)
     ],
 )
 def test_a_lab_json_of_the_wrong_shape_is_one_line(corpus, tmp_path, key, value) -> None:
-    from mtrain.training.start import check_start
-
     lab = make_lab(TINY, [], updates=10, overrides=tuple(sets(corpus).items()))
     record = LabRecord.of(lab)
     (tmp_path / LAB_FILE).write_text(json.dumps({**record.__dict__, key: value}))
     with pytest.raises(OptionError) as refused:
-        runner.run_lab(lab, tmp_path, stop, check_start, "cpu")
+        runner.run_lab(lab, tmp_path, "cpu", stop)
     said = str(refused.value)
     assert len(said.splitlines()) == 1 and said.startswith(f"{tmp_path / LAB_FILE}: ")
     assert key in said

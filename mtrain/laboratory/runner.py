@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from mtrain.core import runtime
-from mtrain.core.config import Config, Override
+from mtrain.core.config import Config
 from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.files import LOCK_FILE
 from mtrain.data.prepare import prepare, prepared_dir
@@ -29,26 +29,19 @@ from mtrain.run.directory import (
 )
 from mtrain.training.budget_recipe import Choice
 from mtrain.training.speed import updates_per_second
+from mtrain.training.start import check_start, train_run
 from mtrain.training.update_step import NonFiniteLoss
 
 log = logging.getLogger("mtrain")
 
-# Trains one run as `mtrain train --config CONFIG --set ... --out RUN_DIR` does: resumes a run
-# directory that holds a checkpoint, and has nothing to do in a finished one.
-TrainRun = Callable[[Path, list[Override], Path], object]
-# Checks one run as `mtrain train` does at its start, writing nothing; returns its config as it
-# would train (data paths resolved, a parent's sections given) and the tokenizer its corpus is
-# encoded with where it is not its own (a parent's), or raises an MtrainError.
-CheckRun = Callable[[Path, list[Override], Path], tuple[Config, Tokenizer | None]]
 
-
-def checked(lab: Lab, lab_dir: Path, check: CheckRun) -> dict[str, tuple[Config, Tokenizer | None]]:
+def checked(lab: Lab, lab_dir: Path) -> dict[str, tuple[Config, Tokenizer | None]]:
     """Every run of the lab checked as its training will check it, before anything is prepared
     or trained: a bad key, a missing corpus, a parent it cannot be built on."""
     found = {}
     for run in lab.runs():
         try:
-            found[run.name] = check(lab.config, list(run.overrides), lab_dir / run.name)
+            found[run.name] = check_start(lab.config, list(run.overrides), lab_dir / run.name)
         except MtrainError as e:
             e.args = (f"lab run {run.name}: {e}",)  # one line, whichever error it is
             raise e from None
@@ -73,14 +66,15 @@ def check_out(lab_dir: Path) -> None:
 
 
 def run_lab(
-    lab: Lab, lab_dir: Path, train: TrainRun, check: CheckRun, device: str = "auto"
+    lab: Lab, lab_dir: Path, device: str = "auto", train: Callable[..., object] = train_run
 ) -> list[LabRow]:
-    """Train every run of `lab` into LAB_DIR/<variant>-seed<k> in turn, then write the report;
-    return its table. Runs a stopped lab had finished are left as they are, the one it was
-    training resumes; one that diverged is not trained again."""
+    """Train every run of `lab` into LAB_DIR/<variant>-seed<k> in turn, as `mtrain train` does
+    (`train`: another function of its arguments, for tests), then write the report; return its
+    table. Runs a stopped lab had finished are left as they are, the one it was training
+    resumes; one that diverged is not trained again."""
     check_out(lab_dir)
     record, lab = recorded(lab, lab_dir)  # every seed and variant the lab holds, its recipe
-    configs = checked(lab, lab_dir, check)
+    configs = checked(lab, lab_dir)
     diverged = {n: r["diverged"] for n, r in record.runs.items() if "diverged" in r}
     runs = lab.runs()
     to_train = [r for r in runs if r.name not in diverged and not finished(lab_dir / r.name)]
@@ -89,7 +83,7 @@ def run_lab(
     if not lab.recipe and speed is not None:
         lab = dataclasses.replace(lab, recipe=recipe(lab, configs[runs[0].name][0], speed))
         record.recipe = list(lab.recipe)
-        checked(lab, lab_dir, check)  # a run begun before labs chose a recipe may refuse it
+        checked(lab, lab_dir)  # a run begun before labs chose a recipe may refuse it
     runs = lab.runs()  # with the recipe
     record.write(lab_dir)
     log.info("%s", estimate(lab, len(runs), len(to_train), speed))
@@ -104,7 +98,7 @@ def run_lab(
             )
             continue
         try:
-            train_one(run, number, len(runs), lab, lab_dir, train)
+            train_one(run, number, len(runs), lab, lab_dir, device, train)
         except NonFiniteLoss as e:
             diverged[run.name] = f"diverged at step {e.step}: loss not finite"
             log.warning("run %d of %d: %s %s", number, len(runs), run.name, diverged[run.name])
@@ -166,7 +160,13 @@ def estimate(lab: Lab, total: int, left: int, rate: float | None) -> str:
 
 
 def train_one(
-    run: LabRun, number: int, total: int, lab: Lab, lab_dir: Path, train: TrainRun
+    run: LabRun,
+    number: int,
+    total: int,
+    lab: Lab,
+    lab_dir: Path,
+    device: str,
+    train: Callable[..., object],
 ) -> None:
     run_dir = lab_dir / run.name
     state = (
@@ -177,6 +177,6 @@ def train_one(
     what = " ".join(run.changes) or "the baseline"
     log.info("run %d of %d: %s (%s; %s): %s", number, total, run.name, what, lab.budget, state)
     start = time.monotonic()
-    train(lab.config, list(run.overrides), run_dir)
+    train(lab.config, list(run.overrides), run_dir, device)
     minutes = (time.monotonic() - start) / 60
     log.info("run %d of %d: %s done in %.1f min", number, total, run.name, minutes)
