@@ -4,6 +4,7 @@ signal that stops the lab, the budget honoured, a lab interrupted mid-run and re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -325,6 +326,32 @@ def test_a_lab_without_lab_json_takes_no_other_budget(corpus, tmp_path, trained)
     if trained.get("max_steps") == 2:  # the lab it was: goes on
         with pytest.raises(Interrupted):
             runner.run_lab(dataclasses.replace(lab, budget=Budget(2)), out, "cpu", stop)
+
+
+@pytest.mark.parametrize("held", ["checkpoints", "lock"])
+def test_a_run_directory_train_would_refuse_is_refused_before_anything_trains(
+    corpus, tmp_path, held
+) -> None:
+    """The lab's second run's directory holds checkpoints but no last.pt, or another process
+    trains in it: `mtrain train` would refuse it as it opened it, and the lab refuses it in
+    one line naming the run, before its first run trains (or anything is written)."""
+    from mtrain.core.files import DirectoryLock
+    from mtrain.run.directory import write_config
+
+    out = tmp_path / "lab"
+    second = out / "peek-seed1"
+    second.mkdir(parents=True)
+    lab = make_lab(TINY, ["peek"], updates=1, overrides=tuple(sets(corpus).items()))
+    says = {"checkpoints": "holds checkpoints but no last.pt", "lock": "in use by another"}
+    write_config(second, small_config(corpus, max_steps=1, max_minutes=0))  # this lab's budget
+    with contextlib.ExitStack() as stack:
+        if held == "checkpoints":
+            (second / "best.pt").write_bytes(b"")
+        else:  # a lock held on its own open file, as another process would hold it
+            stack.enter_context(DirectoryLock(second))
+        with pytest.raises(MtrainError, match=f"^lab run peek-seed1: {second}: {says[held]}"):
+            runner.run_lab(lab, out, "cpu", stop)
+    assert sorted(p.name for p in out.iterdir()) == ["peek-seed1"]
 
 
 @pytest.mark.parametrize(

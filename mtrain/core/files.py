@@ -309,10 +309,7 @@ class DirectoryLock:
         holder = _lock_exclusive(f) if fcntl is not None else None
         if holder is not None:
             f.close()
-            raise DirectoryLocked(
-                f"{self.directory}: in use by another mtrain process ({holder}); "
-                "wait for it to finish or use another directory"
-            )
+            raise in_use(self.directory, holder)
         return f
 
     def __exit__(self, *exc) -> None:
@@ -321,6 +318,22 @@ class DirectoryLock:
                 self.path.unlink(missing_ok=True)
             self.file.close()  # closing releases the lock
             self.file = None
+
+
+def in_use(directory: Path, holder: str) -> DirectoryLocked:
+    """The refusal of a directory whose lock `holder` holds."""
+    return DirectoryLocked(
+        f"{directory}: in use by another mtrain process ({holder}); "
+        "wait for it to finish or use another directory"
+    )
+
+
+def refuse_held(directory: Path) -> None:
+    """Refuse, as its DirectoryLock would, a directory whose lock another process holds now,
+    without taking the lock."""
+    holder = lock_holder(directory)
+    if holder is not None:
+        raise in_use(directory, holder)
 
 
 def lock_holder(directory: Path) -> str | None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from mtrain.core import config, runtime
 from mtrain.core.config import Config, ConfigError, Resume, effective
 from mtrain.core.errors import MtrainError, OptionError
-from mtrain.core.files import LOCK_FILE, DirectoryLock, remove_leftovers
+from mtrain.core.files import LOCK_FILE, DirectoryLock, refuse_held, remove_leftovers
 from mtrain.data import corpus
 from mtrain.data.prepare import corpus_digests
 from mtrain.run.directory import (
@@ -98,15 +98,21 @@ def check_start(config_path: Path, overrides: list, run_dir: Path) -> tuple:
     from mtrain.run import lineage
 
     cfg = start_config(config_path, overrides, run_dir)
-    refuse_out(run_dir)
     parent = None
     if cfg.train.init_from:
         parent = lineage.start(cfg, run_dir, config_path, overrides)
-    if resumed(run_dir) is not None:
-        check_resumable(run_dir, cfg)
-        if cfg.train.init_from:
-            return cfg, Tokenizer.load(run_dir)
+    if check_run_dir(run_dir, cfg) and cfg.train.init_from:
+        return cfg, Tokenizer.load(run_dir)
     return cfg, parent and parent.tokenizer()
+
+
+def check_run_dir(run_dir: Path, cfg: Config) -> bool:
+    """Refuse, writing nothing, a run directory that a run of `cfg` cannot start in: what
+    `train_run` refuses before it makes it (`refuse_out`), as it locks it and as it opens it
+    (`check_checkpoints`); return whether the run resumes."""
+    refuse_out(run_dir)
+    refuse_held(run_dir)
+    return check_checkpoints(run_dir, cfg)
 
 
 def run_training(
@@ -152,6 +158,14 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
     """Clean a locked run directory of what a killed run left; return whether to resume."""
     for leftover in remove_leftovers(run_dir):
         log.info("removed %s, left by an interrupted write", leftover)
+    resume = check_checkpoints(run_dir, cfg)
+    log.info("run directory %s", run_dir)
+    return resume
+
+
+def check_checkpoints(run_dir: Path, cfg: Config) -> bool:
+    """Whether a run of `cfg` resumes the run `run_dir` holds; refused where it holds
+    checkpoints but no last.pt, or its run cannot resume as `cfg` (`check_resumable`)."""
     resume = (run_dir / LAST).exists()
     kept = (run_dir / BEST).exists() or step_checkpoints(run_dir)
     if kept and not resume:  # last.pt deleted, or lost
@@ -161,7 +175,6 @@ def open_run(run_dir: Path, cfg: Config) -> bool:
         )
     if resume:
         check_resumable(run_dir, cfg)
-    log.info("run directory %s", run_dir)
     return resume
 
 
