@@ -15,7 +15,7 @@ from mtrain.core.config import load
 from mtrain.core.errors import OptionError
 from mtrain.core.metrics import score
 from mtrain.core.significance import SAMPLES, SEED, holm, paired_bootstrap, resample_counts
-from mtrain.laboratory.plan import PRESETS, VARIANTS, Budget, make_lab, parse_variant
+from mtrain.laboratory.plan import LAB_VARIANTS, PRESETS, Budget, make_lab, parse_variant
 from mtrain.laboratory.report import COLUMNS
 from mtrain.laboratory.results import eval_set
 from mtrain.run.directory import LAST, peek_checkpoint, run_config
@@ -47,11 +47,11 @@ def test_no_difference_has_p_value_1() -> None:
 
 
 def test_every_named_variant_and_preset_is_a_valid_config() -> None:
-    for overrides in VARIANTS.values():
+    for overrides in LAB_VARIANTS.values():
         load(Path("configs/tiny.yaml"), list(overrides))
     for preset in PRESETS.values():
         assert preset.config.is_file()
-        assert set(preset.variants) <= set(VARIANTS)
+        assert set(preset.variants) <= set(LAB_VARIANTS)
 
 
 def test_variants_of_ones_own_and_refusals() -> None:

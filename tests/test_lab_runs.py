@@ -25,11 +25,11 @@ from mtrain.core.errors import MtrainError, OptionError
 from mtrain.laboratory import plan, runner
 from mtrain.laboratory.plan import (
     FULL,
+    LAB_VARIANTS,
     PAPER,
     PROBES,
     QUICK,
     TEXTBOOK,
-    VARIANTS,
     Budget,
     Lab,
     make_lab,
@@ -124,13 +124,13 @@ def test_the_presets_config_is_found_from_any_directory(tmp_path, monkeypatch) -
     monkeypatch.chdir(tmp_path)
     quick = make_lab(None, [], preset="quick", overrides=("train.lr=1e-3",))
     assert quick.config.is_absolute() and quick.config.is_file()
-    corpora = dict(quick.located)  # the config's corpora, found in the clone
+    corpora = dict(quick.clone_paths)  # the config's corpora, found in the clone
     assert Path(corpora["data.train"]).is_file() and Path(corpora["data.dev"]).is_file()
     assert quick.overrides == (*QUICK.overrides, "train.lr=1e-3")  # the user's last
-    assert quick.runs()[0].overrides[: len(corpora)] == quick.located
+    assert quick.runs()[0].overrides[: len(corpora)] == quick.clone_paths
     assert quick.budget == QUICK.budget and len(quick.variants) == len(QUICK.variants)
     full = make_lab(None, [], preset="full")
-    assert [v.name for v in full.variants] == list(VARIANTS) == list(FULL.variants)
+    assert [v.name for v in full.variants] == list(LAB_VARIANTS) == list(FULL.variants)
     assert full.seeds == (1, 2) and full.budget == Budget(updates=2000)
 
 
@@ -138,9 +138,11 @@ def test_the_textbook_and_paper_presets_ask_every_question_once_at_one_size() ->
     """textbook: every part a model.variant takes out, and one head; paper: the rest of the
     named variants but the shape; both at the quick preset's size, so a quick lab's runs are
     the textbook's first three."""
-    parts = {name for name, v in config.VARIANTS.items() if v.lacks and v.positions != "learned"}
+    parts = {
+        name for name, v in config.MODEL_VARIANTS.items() if v.lacks and v.positions != "learned"
+    }
     assert set(TEXTBOOK.variants) == parts | {"one-head"}
-    assert set(TEXTBOOK.variants) | set(PAPER.variants) == set(VARIANTS) - {"deep-encoder"}
+    assert set(TEXTBOOK.variants) | set(PAPER.variants) == set(LAB_VARIANTS) - {"deep-encoder"}
     assert not set(TEXTBOOK.variants) & set(PAPER.variants)
     for preset in (TEXTBOOK, PAPER):
         assert preset.seeds == (1, 2)
@@ -175,7 +177,7 @@ def test_a_preset_lab_goes_on_in_a_moved_clone(tmp_path, monkeypatch) -> None:
     assert old.located != moved.located and old.asked == moved.asked
     assert old.merged(moved, tmp_path).located == moved.located
     before = LabRecord(**{**old.__dict__, "located": {}})  # the clone's paths among the asked
-    before.asked = {**old.asked, "overrides": jsonable((*labs[0].located, *QUICK.overrides))}
+    before.asked = {**old.asked, "overrides": jsonable((*labs[0].clone_paths, *QUICK.overrides))}
     assert before.merged(moved, tmp_path).asked == moved.asked
     changed = LabRecord.of(dataclasses.replace(labs[1], overrides=("train.lr=1e-3",)))
     with pytest.raises(OptionError, match="the common --set changed"):
@@ -222,7 +224,7 @@ def test_the_lab_directory_must_be_a_labs(tmp_path, corpus) -> None:
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    runner.check_out(empty)  # an empty directory is fine
+    runner.check_lab_dir(empty)  # an empty directory is fine
 
 
 def test_a_rerun_asked_otherwise_is_refused_naming_the_change(tmp_path) -> None:
@@ -409,7 +411,7 @@ def test_a_path_of_bytes_that_are_not_utf8_is_kept_in_lab_json(tmp_path) -> None
 def test_out_onto_a_dangling_symlink_is_refused_naming_it(tmp_path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "gone")
     with pytest.raises(OptionError, match=r"--out .*link: a symbolic link to .*gone, not there"):
-        runner.check_out(tmp_path / "link")
+        runner.check_lab_dir(tmp_path / "link")
 
 
 def test_the_recipe_is_chosen_once_for_the_lab_from_the_budget(corpus) -> None:

@@ -137,16 +137,17 @@ def variant_tables(path: Path, names: set[str]) -> list[int]:
 
 
 def test_the_model_variants_are_declared_once() -> None:
-    """core/config.py's VARIANTS; the model, the config check, the lab and the exporter read it."""
-    from mtrain.core.config import VARIANTS
+    """core/config.py's MODEL_VARIANTS; the model, the config check, the lab and the exporter
+    read it."""
+    from mtrain.core.config import MODEL_VARIANTS
 
     declared = PACKAGE / "core" / "config.py"
-    assert variant_tables(declared, set(VARIANTS)) != []  # the check sees the declaration
+    assert variant_tables(declared, set(MODEL_VARIANTS)) != []  # the check sees the declaration
     wrong = [
         f"{path.relative_to(PACKAGE.parent)}:{line}"
         for path in modules()
         if path != declared
-        for line in variant_tables(path, set(VARIANTS))
+        for line in variant_tables(path, set(MODEL_VARIANTS))
     ]
     assert not wrong, "a second table of the model variants: " + ", ".join(wrong)
 

@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 import mtrain
 from mtrain.cli import app
 from mtrain.core import config
-from mtrain.core.config import VARIANTS, Config, ConfigError, ModelConfig
+from mtrain.core.config import MODEL_VARIANTS, Config, ConfigError, ModelConfig
 from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from mtrain.model.transformer import PeekingMask, Transformer, variant_parts
 from mtrain.training.start import check_resumable
 
 from .synthetic import REPO, overrides
 
-SWAPPED = [name for name in VARIANTS if name != "textbook"]
+SWAPPED = [name for name in MODEL_VARIANTS if name != "textbook"]
 
 
 def variant_model(variant: str, seed: int = 0) -> Transformer:
@@ -47,7 +47,7 @@ def test_an_unknown_variant_is_refused_naming_the_key_and_the_values():
         config.from_dict({"model": {"variant": "no-attention"}}, "x.yaml")
     message = str(refused.value)
     assert message.startswith("x.yaml: model.variant: expected one of textbook, no-positions")
-    assert all(name in message for name in VARIANTS) and "'no-attention'" in message
+    assert all(name in message for name in MODEL_VARIANTS) and "'no-attention'" in message
 
 
 def test_an_older_run_is_the_textbook():
@@ -86,7 +86,7 @@ def test_peek_lets_teacher_forcing_see_later_targets(variant, sees_ahead):
         assert unchanged != changes, training
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", list(MODEL_VARIANTS))
 def test_cached_decoding_equals_the_full_forward(variant):
     """Step by step with the cache, the logits of teacher forcing in evaluation: peek too,
     whose look-ahead is lifted in training only (there the cache, which holds only the past,
@@ -133,7 +133,7 @@ def test_a_variant_trains_resumes_and_translates(data, tmp_path, variant):
 
     shown = CliRunner().invoke(app, ["info", str(run)])
     assert shown.exit_code == 0, shown.output
-    assert f"variant {variant}: {VARIANTS[variant].lacks}" in shown.output
+    assert f"variant {variant}: {MODEL_VARIANTS[variant].lacks}" in shown.output
 
 
 def test_no_scale_scores_are_sqrt_dk_times_the_textbooks():

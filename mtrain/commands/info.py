@@ -80,8 +80,8 @@ def info(
         typer.echo(json.dumps(result, ensure_ascii=False))
         return
     typer.echo(f"{run or config_path}: {cfg.data.src_lang}→{cfg.data.tgt_lang} Transformer")
-    if config.VARIANTS[cfg.model.variant].lacks:  # the textbook's model has nothing swapped
-        typer.echo(f"variant {cfg.model.variant}: {config.VARIANTS[cfg.model.variant].lacks}")
+    if config.MODEL_VARIANTS[cfg.model.variant].lacks:  # the textbook's model has nothing swapped
+        typer.echo(f"variant {cfg.model.variant}: {config.MODEL_VARIANTS[cfg.model.variant].lacks}")
     if parent is not None:
         from mtrain.run.lineage import describe
 

@@ -9,7 +9,7 @@ import typer
 
 from mtrain.commands.common import DeviceOption, setup_logging
 from mtrain.core.errors import OptionError
-from mtrain.laboratory.plan import PROBES, VARIANTS
+from mtrain.laboratory.plan import LAB_VARIANTS, PROBES
 
 
 def parse_seeds(texts: list[str]) -> tuple[int, ...]:
@@ -23,7 +23,7 @@ def parse_seeds(texts: list[str]) -> tuple[int, ...]:
 VariantsArgument = Annotated[
     list[str] | None,
     typer.Argument(
-        help=f"Variants: a named one ({', '.join(VARIANTS)}) or one of your own as "
+        help=f"Variants: a named one ({', '.join(LAB_VARIANTS)}) or one of your own as "
         "'NAME: KEY=VALUE ...'.",
         show_default=False,
     ),

@@ -151,7 +151,7 @@ class TokenizerConfig:
 
 
 @dataclass(frozen=True)
-class Variant:
+class ModelVariant:
     """A model.variant: the textbook's Transformer, or it with one part swapped out (one change
     at a time, so that a run measures what that part buys). The model builds its parts from
     these fields (model/transformer.py's `variant_parts`); `lacks` says in words what it lacks."""
@@ -165,20 +165,24 @@ class Variant:
 
 
 # The one declaration of the model's variants: the config check, the model and the lab read it.
-VARIANTS = {
-    "textbook": Variant(),
-    "no-positions": Variant("the encoder and decoder add no positional encoding", positions="none"),
-    "learned-positions": Variant(
+MODEL_VARIANTS = {
+    "textbook": ModelVariant(),
+    "no-positions": ModelVariant(
+        "the encoder and decoder add no positional encoding", positions="none"
+    ),
+    "learned-positions": ModelVariant(
         "positions are learned embeddings, not the fixed sinusoids", positions="learned"
     ),
-    "peek": Variant(
+    "peek": ModelVariant(
         "in training the decoder's self-attention has no look-ahead mask (it sees the "
         "targets it must predict); decoding is as usual",
         look_ahead=False,
     ),
-    "no-scale": Variant("attention scores are not divided by √d_head", scaled=False),
-    "no-residual": Variant("no sublayer has its residual connection", residual=False),
-    "no-layernorm": Variant("no LayerNorm, in the sublayers or after the stacks", layernorm=False),
+    "no-scale": ModelVariant("attention scores are not divided by √d_head", scaled=False),
+    "no-residual": ModelVariant("no sublayer has its residual connection", residual=False),
+    "no-layernorm": ModelVariant(
+        "no LayerNorm, in the sublayers or after the stacks", layernorm=False
+    ),
 }
 
 
@@ -195,7 +199,7 @@ class ModelConfig:
     # One matrix for the target embedding and the output projection (and the source embedding
     # too when the vocabulary is joint); ff2b51d: untied before.
     tie_embeddings: bool = key(True, KEPT, INHERITED, Added(False, "ff2b51d"))
-    # One of VARIANTS: the textbook's model, or it with one part swapped (mtrain lab).
+    # One of MODEL_VARIANTS: the textbook's model, or it with one part swapped (mtrain lab).
     variant: str = key("textbook", KEPT, INHERITED, Added("textbook", "c4a89ab", version=3))
 
 
@@ -207,7 +211,7 @@ def learned_positions_kept(child: Config, parent: Config, where: str) -> str | N
     data.max_src_len and data.max_tgt_len (`max_positions`): a child keeps that number."""
     mine, theirs = child.data, parent.data
     rows = theirs.max_positions()
-    if VARIANTS[parent.model.variant].positions != "learned" or mine.max_positions() == rows:
+    if MODEL_VARIANTS[parent.model.variant].positions != "learned" or mine.max_positions() == rows:
         return None
     return (
         f"model.variant='learned-positions' in {where} has a table of {rows} positions "
@@ -471,9 +475,9 @@ def _check_model(cfg: Config) -> None:
         )
     if cfg.model.d_model % 2:
         raise ConfigError("model.d_model: must be even for sinusoidal positions")
-    if cfg.model.variant not in VARIANTS:
+    if cfg.model.variant not in MODEL_VARIANTS:
         raise ConfigError(
-            f"model.variant: expected one of {', '.join(VARIANTS)}, "
+            f"model.variant: expected one of {', '.join(MODEL_VARIANTS)}, "
             f"got {reprlib.repr(cfg.model.variant)}"
         )
 

@@ -21,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from mtrain.core.config import VARIANTS, Config, ModelConfig
+from mtrain.core.config import MODEL_VARIANTS, Config, ModelConfig
 from mtrain.core.errors import MtrainError
 from mtrain.core.files import (
     lock_beside,
@@ -96,7 +96,7 @@ EXPRESSIBLE: dict[str, set | None] = {
     # look-ahead mask (peek lacks it in training only), and scales queries by 1/sqrt(d_head)
     # (undone for no-scale by scaling our query projection); every sublayer has its residual
     # connection and LayerNorm.
-    "variant": {name for name, v in VARIANTS.items() if v.residual and v.layernorm},
+    "variant": {name for name, v in MODEL_VARIANTS.items() if v.residual and v.layernorm},
 }
 
 
@@ -178,7 +178,7 @@ def _layer_norm_epsilon(model: Transformer) -> float:
 def _positions(m: ModelConfig, model: Transformer, side: str, w: _Weights) -> torch.Tensor:
     """(positions, d_model): the table added to one side's embeddings. The sinusoids for
     POSITIONS at least; a learned table has the run's rows; no-positions, zeros."""
-    positions = VARIANTS[m.variant].positions
+    positions = MODEL_VARIANTS[m.variant].positions
     if positions == "learned":
         return w(f"{side}_embed.positions.table.weight")
     table = PositionalEncoding(m.d_model, max(POSITIONS, model.max_len)).pe
@@ -208,7 +208,7 @@ def build_spec(cfg: Config, tokenizer: Tokenizer, model: Transformer):
         if pre_norm:  # the final LayerNorm of a pre-norm stack
             w.norm(stack.layer_norm, "encoder.norm" if side == "src" else "decoder.norm")
     # CTranslate2's scores are divided by sqrt(d_head): no-scale's queries are that much larger.
-    q_scale = math.sqrt(m.d_model // m.n_heads) if not VARIANTS[m.variant].scaled else 1.0
+    q_scale = math.sqrt(m.d_model // m.n_heads) if not MODEL_VARIANTS[m.variant].scaled else 1.0
     for i, layer in enumerate(spec.encoder.layer):
         scope = f"encoder.layers.{i}"
         w.attention(layer.self_attention, f"{scope}.self_attn", True, q_scale)

@@ -8,8 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtrain.core.config import LOCATIONS, Override, read_config
-from mtrain.core.config import VARIANTS as MODEL_VARIANTS
+from mtrain.core.config import LOCATIONS, MODEL_VARIANTS, Override, read_config
 from mtrain.core.errors import OptionError
 from mtrain.core.files import is_utf8
 
@@ -19,8 +18,8 @@ BASELINE = "baseline"
 # `--set` overrides of the baseline's config. They live here, beside the code that reads them,
 # rather than in a YAML under configs/: they ship with the package (configs/ does not), and a
 # test holds each of them to be a valid config. The model's own variants (model.variant) come
-# from their one declaration, core/config.py's VARIANTS.
-VARIANTS: dict[str, tuple[str, ...]] = {
+# from their one declaration, core/config.py's MODEL_VARIANTS.
+LAB_VARIANTS: dict[str, tuple[str, ...]] = {
     **{name: (f"model.variant={name}",) for name in MODEL_VARIANTS if name != "textbook"},
     "one-head": ("model.n_heads=1",),
     "post-norm": ("model.norm=post",),
@@ -48,7 +47,7 @@ RUN_NAME = re.compile(r".+-seed\d+")  # a lab's run directory: LabRun.name
 
 
 @dataclass(frozen=True)
-class Variant:
+class LabVariant:
     """A name and the config changes that make it from the baseline."""
 
     name: str
@@ -132,7 +131,7 @@ PAPER = Preset(
 FULL = Preset(
     Path("configs/default.yaml"),
     Budget(updates=2000),
-    tuple(VARIANTS),
+    tuple(LAB_VARIANTS),
     (1, 2),
     ("train.eval_every=500", "train.average_last=0"),
 )
@@ -164,14 +163,14 @@ def preset_config(preset: Preset) -> tuple[Path, tuple[Override, ...]]:
             "none: installed from a package, not a clone); give a lab --config and --updates"
         )
     data = (read_config(path) or {}).get("data") or {}
-    in_clone = tuple(
+    clone_paths = tuple(
         (f"data.{key}", str(CLONE / value))
         for (section, key) in LOCATIONS
         if section == "data"
         and isinstance(value := data.get(key), str)
         and not Path(value).is_absolute()
     )
-    return path, in_clone
+    return path, clone_paths
 
 
 def override_key(override: Override) -> str:
@@ -201,26 +200,26 @@ def refuse_measured_on(overrides: tuple[str, ...], where: str) -> None:
             )
 
 
-def parse_variant(text: str) -> Variant:
+def parse_variant(text: str) -> LabVariant:
     """A named variant (`one-head`), or `NAME: KEY=VALUE KEY=VALUE ...`, a variant of one's own."""
     if not isinstance(text, str):
         raise OptionError(f"variant {text!r}: expected a string such as 'one-head'")
     name, colon, rest = text.partition(":")
     name = name.strip()
     if not colon:
-        if name not in VARIANTS:
+        if name not in LAB_VARIANTS:
             raise OptionError(
-                f"variant {name!r}: not one of {', '.join(VARIANTS)}; or give your own as "
+                f"variant {name!r}: not one of {', '.join(LAB_VARIANTS)}; or give your own as "
                 f"'NAME: KEY=VALUE ...'"
             )
-        return Variant(name, VARIANTS[name])
+        return LabVariant(name, LAB_VARIANTS[name])
     overrides = tuple(rest.split())
     if not NAME.fullmatch(name) or name == BASELINE:
         raise OptionError(
             f"variant {text!r}: its name must be letters, digits, '.', '_', '+' or '-' "
             f"(and not {BASELINE!r})"
         )
-    if name in VARIANTS:
+    if name in LAB_VARIANTS:
         raise OptionError(
             f"variant {text!r}: {name!r} is a named variant's name; give yours another"
         )
@@ -228,7 +227,7 @@ def parse_variant(text: str) -> Variant:
         raise OptionError(f"variant {text!r}: expected 'NAME: KEY=VALUE ...' after the colon")
     refuse_lab_keys(overrides, f"variant {name!r}")
     refuse_measured_on(overrides, f"variant {name!r}")
-    return Variant(name, overrides)
+    return LabVariant(name, overrides)
 
 
 @dataclass(frozen=True)
@@ -251,14 +250,14 @@ class Lab:
 
     config: Path
     budget: Budget
-    variants: tuple[Variant, ...] = ()
+    variants: tuple[LabVariant, ...] = ()
     seeds: tuple[int, ...] = (1,)
     overrides: tuple[Override, ...] = ()  # every run's, the baseline's too
     probes: tuple[str, ...] = PROBES
     recipe: tuple[str, ...] = ()  # what the budget recipe chose, once for every run
-    # a preset config's corpora as found in this clone: every run's too, but not what the lab
-    # was asked (a moved clone finds them elsewhere, and its lab goes on)
-    located: tuple[Override, ...] = ()
+    # a preset config's data paths as found in this clone: every run's too, but not what the
+    # lab was asked (a moved clone finds them elsewhere, and its lab goes on)
+    clone_paths: tuple[Override, ...] = ()
 
     def __post_init__(self) -> None:
         names = [v.name for v in self.variants]
@@ -282,7 +281,7 @@ class Lab:
 
     def runs(self) -> list[LabRun]:
         """Seed by seed, the baseline first: a lab stopped early has whole comparisons."""
-        common = (*self.located, *self.overrides, *self.budget.overrides(), *self.recipe)
+        common = (*self.clone_paths, *self.overrides, *self.budget.overrides(), *self.recipe)
         return [
             LabRun(
                 variant.name,
@@ -291,7 +290,7 @@ class Lab:
                 (*common, *variant.overrides, f"train.seed={seed}"),
             )
             for seed in self.seeds
-            for variant in (Variant(BASELINE, ()), *self.variants)
+            for variant in (LabVariant(BASELINE, ()), *self.variants)
         ]
 
 
@@ -301,16 +300,16 @@ def preset_lab(name: str, **changes) -> Lab:
         raise OptionError(f"--preset {name!r}: not one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
     given = {k: v for k, v in changes.items() if v}
-    config, in_clone = given.pop("config", None), ()
+    config, clone_paths = given.pop("config", None), ()
     if config is None:
-        config, in_clone = preset_config(preset)
+        config, clone_paths = preset_config(preset)
     given["overrides"] = (*preset.overrides, *given.get("overrides", ()))
     lab = Lab(
         config,
         preset.budget,
         tuple(parse_variant(v) for v in preset.variants),
         preset.seeds,
-        located=in_clone,
+        clone_paths=clone_paths,
     )
     return dataclasses.replace(lab, **given)
 

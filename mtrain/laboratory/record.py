@@ -19,7 +19,7 @@ import yaml
 from mtrain.core import config
 from mtrain.core.errors import OptionError
 from mtrain.core.files import is_utf8, write_atomic
-from mtrain.laboratory.plan import BASELINE, NAME, RUN_NAME, VARIANTS, Budget, Lab, Variant
+from mtrain.laboratory.plan import BASELINE, LAB_VARIANTS, NAME, RUN_NAME, Budget, Lab, LabVariant
 from mtrain.run.directory import run_record
 
 LAB_FILE = "lab.json"
@@ -52,7 +52,7 @@ class LabRecord:
     config: str  # the path it was given, for people to read
     recipe: list[str] = field(default_factory=list)
     runs: dict[str, dict[str, str]] = field(default_factory=dict)  # name: {"diverged": why}
-    located: dict[str, Any] = field(default_factory=dict)  # a preset's corpora in this clone
+    located: dict[str, Any] = field(default_factory=dict)  # the lab's clone_paths
 
     @classmethod
     def of(cls, lab: Lab) -> LabRecord:
@@ -69,7 +69,7 @@ class LabRecord:
             variants,
             str(lab.config),
             list(lab.recipe),
-            located=jsonable(lab.located),
+            located=jsonable(lab.clone_paths),
         )
 
     @classmethod
@@ -105,7 +105,7 @@ class LabRecord:
             refuse(lab_dir, f"the budget changed: {budget_change(old, now)}")
         old_sets = self.asked["overrides"]
         if not self.located:  # a record before 2026-12-07 holds them among the asked
-            old_sets = without(old_sets, new.located, new.asked["overrides"])
+            old_sets = less_clone_paths(old_sets, new.located, new.asked["overrides"])
         if old_sets != new.asked["overrides"]:
             change = difference(old_sets, new.asked["overrides"])
             refuse(lab_dir, f"the common --set changed: {change}")
@@ -151,15 +151,15 @@ def recorded(lab: Lab, lab_dir: Path) -> tuple[LabRecord, Lab]:
     return record, record.lab(lab)
 
 
-def recorded_variant(name: str, sets: dict[str, dict]) -> Variant:
+def recorded_variant(name: str, sets: dict[str, dict]) -> LabVariant:
     """A variant lab.json holds and this rerun does not name: its overrides as `--set`
     strings (a named variant's own, where they still set the same)."""
-    if name in VARIANTS and jsonable(VARIANTS[name]) == sets:
-        return Variant(name, VARIANTS[name])
+    if name in LAB_VARIANTS and jsonable(LAB_VARIANTS[name]) == sets:
+        return LabVariant(name, LAB_VARIANTS[name])
     overrides = tuple(f"{key}={yaml_text(value)}" for key, value in flat(sets).items())
     if jsonable(overrides) != sets:  # a value YAML would read back as another
         raise OptionError(f"{LAB_FILE}: variant {name!r}: its keys cannot be written as --set")
-    return Variant(name, overrides)
+    return LabVariant(name, overrides)
 
 
 def yaml_text(value: Any) -> str:
@@ -196,12 +196,12 @@ def trained_budget(train: dict[str, Any]) -> Budget | None:
         return None
 
 
-def without(overrides: dict, located: dict[str, Any], kept: dict[str, Any]) -> dict:
-    """`overrides` (lab.json's nested keys) less the keys `located` sets, but for those `kept`
-    sets too (a user's own --set of a preset's data.prepared_dir)."""
+def less_clone_paths(overrides: dict, clone_paths: dict[str, Any], kept: dict[str, Any]) -> dict:
+    """`overrides` (lab.json's nested keys) less the keys `clone_paths` sets, but for those
+    `kept` sets too (a user's own --set of a preset's data.prepared_dir)."""
     dropped = {
         section: {k for k in keys if k not in kept.get(section, {})}
-        for section, keys in located.items()
+        for section, keys in clone_paths.items()
     }
     trimmed = {
         section: {k: v for k, v in keys.items() if k not in dropped.get(section, ())}

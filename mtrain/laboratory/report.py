@@ -137,9 +137,9 @@ def report(
     this start: a moved clone's corpora where they now lie, not where a finished run's
     config.yaml recorded them) and write its report; return its rows, one per run (a run that
     diverged, or has no best.pt, is a row that says so). `diverged`: by run name, how."""
-    rows, found = measure(lab.runs(), lab_dir, lab.probes, device, diverged, data)
+    rows, translations = measure(lab.runs(), lab_dir, lab.probes, device, diverged, data)
     figures = draw_figures(rows, lab_dir, lab.probes, device)
-    result = Report(rows, found, lab.probes, title(lab), intro(lab, rows), figures)
+    result = Report(rows, translations, lab.probes, title(lab), intro(lab, rows), figures)
     log.info("report: %s, %s", write_markdown(result, lab_dir), write_html(result, lab_dir))
     return rows
 
@@ -284,8 +284,8 @@ def probe_lines(report: Report) -> list[list[str]]:
     """A line per variant (of the first seed): its translation of each probe."""
     lines = []
     for row in first_seed_rows(report):
-        found = report.translations.get(row.name)
-        cells = [found.probes.get(p, "–") if found else "–" for p in report.probes]
+        translated = report.translations.get(row.name)
+        cells = [translated.probes.get(p, "–") if translated else "–" for p in report.probes]
         lines.append([row.variant, *cells])
     return lines
 
@@ -473,7 +473,7 @@ def draw_figures(
 def differences(rows: list[LabRow]) -> list[VariantDifferences]:
     """Each variant's per-seed differences from the baseline and its mean over them with the
     interval its verdict reads (the table's numbers), for the figure."""
-    found = []
+    per_variant = []
     for summary in summaries(rows):
         if summary.variant == BASELINE:
             continue
@@ -483,8 +483,8 @@ def differences(rows: list[LabRow]) -> list[VariantDifferences]:
             if r.delta is not None
         ]
         note = "" if seeds else next((r.status for r in summary.rows if r.status), "no BLEU")
-        found.append(VariantDifferences(summary.variant, seeds, note, summary.delta))
-    return found
+        per_variant.append(VariantDifferences(summary.variant, seeds, note, summary.delta))
+    return per_variant
 
 
 def attention_probes(probes: tuple[str, ...]) -> tuple[str, ...]:

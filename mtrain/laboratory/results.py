@@ -114,7 +114,7 @@ def eval_set(data: DataConfig, split: str) -> EvalSet:
     return EvalSet(sources, references, data.tgt_lang)
 
 
-def translations(
+def run_translations(
     run_dir: Path, lab_dir: Path, dev: EvalSet, test: EvalSet, probes: tuple[str, ...], device: str
 ) -> Translations:
     """The run's greedy translations, from LAB_DIR/translations/ while its best.pt and the dev
@@ -129,15 +129,15 @@ def translations(
     log.info("%s: translating the dev set, the test set and the probes", run_dir.name)
     opened = open_run(run_dir, device, BEST, beam=1)
     translate = opened.translator.translate
-    found = Translations(
+    translated = Translations(
         opened.run.step or 0,
         translate(dev.sources),
         translate(test.sources),
         dict(zip(probes, translate(list(probes)))),
     )
     kept_file.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(kept_file, json.dumps({"key": key, **asdict(found)}, ensure_ascii=False))
-    return found
+    write_atomic(kept_file, json.dumps({"key": key, **asdict(translated)}, ensure_ascii=False))
+    return translated
 
 
 def read_kept(path: Path) -> dict:
@@ -160,7 +160,7 @@ def parameter_count(path: Path) -> int | None:
     return sum(storages.values())
 
 
-def updates_per_second(run_dir: Path) -> float | None:
+def logged_updates_per_second(run_dir: Path) -> float | None:
     """The median rate between training log records (from the start, then between records):
     validations and the start (a slow first batch, compiling) fall into a few of the intervals
     and do not move the median."""
@@ -186,14 +186,14 @@ def why_unmeasured(run_dir: Path, diverged: str | None) -> str:
 
 
 def run_row(
-    run: LabRun, run_dir: Path, status: str, found: Translations | None, dev: EvalSet | None
+    run: LabRun, run_dir: Path, status: str, translated: Translations | None, dev: EvalSet | None
 ) -> LabRow:
     """A run's row before it is compared: what it is, how it trained, its dev BLEU."""
     trained = (run_dir / LAST).is_file()
     checkpoint = run_dir / (LAST if trained else BEST)
     dev_bleu = None
-    if found is not None and dev is not None:
-        dev_bleu = score(found.dev, dev.references, dev.tgt_lang).bleu
+    if translated is not None and dev is not None:
+        dev_bleu = score(translated.dev, dev.references, dev.tgt_lang).bleu
     return LabRow(
         run.variant,
         run.seed,
@@ -201,8 +201,8 @@ def run_row(
         status,
         parameter_count(checkpoint) if checkpoint.is_file() else None,
         run_config(run_dir).model.dropout if checkpoint.is_file() else None,
-        updates_per_second(run_dir),
-        None if found is None else found.step,
+        logged_updates_per_second(run_dir),
+        None if translated is None else translated.step,
         checkpoint_step(run_dir / LAST, 0) if trained else None,
         training_summary(run_dir)["minutes"] if checkpoint.is_file() else 0.0,
         dev_bleu,
@@ -215,19 +215,21 @@ def run_row(
     )
 
 
-def compare(rows: list[LabRow], found: Mapping[str, Translations], test: EvalSet) -> None:
+def compare(rows: list[LabRow], translations: Mapping[str, Translations], test: EvalSet) -> None:
     """Fill in each row's test BLEU and, seed by seed, its paired bootstrap against the
     baseline: the difference, its 95% interval, its p-value and Holm's over the variants. Every
     seed's bootstrap draws the same resamples (one generator seed, one test set)."""
     for row in rows:
-        if row.name in found:
-            row.test_bleu = score(found[row.name].test, test.references, test.tgt_lang).bleu
+        if row.name in translations:
+            row.test_bleu = score(translations[row.name].test, test.references, test.tgt_lang).bleu
     for seed in dict.fromkeys(r.seed for r in rows):
         base = next((r for r in rows if r.seed == seed and r.variant == BASELINE), None)
-        others = [r for r in rows if r.seed == seed and r.variant != BASELINE and r.name in found]
-        if base is None or base.name not in found or not others:
+        others = [
+            r for r in rows if r.seed == seed and r.variant != BASELINE and r.name in translations
+        ]
+        if base is None or base.name not in translations or not others:
             continue
-        systems = [(r.name, found[r.name].test) for r in (base, *others)]
+        systems = [(r.name, translations[r.name].test) for r in (base, *others)]
         baseline, *compared = paired_bootstrap(systems, test.references, test.tgt_lang, SAMPLES)
         for row, c in zip(others, compared):
             row.delta = c.bleu - baseline.bleu
@@ -250,18 +252,20 @@ def measure(
     test set of `data`; and the translations of the runs measured, by run name."""
     status = {r.name: why_unmeasured(lab_dir / r.name, diverged.get(r.name)) for r in runs}
     measured = [r for r in runs if not status[r.name]]
-    found: dict[str, Translations] = {}
+    translations: dict[str, Translations] = {}
     dev = test = None
     if measured:
         dev, test = eval_set(data, "dev"), eval_set(data, "test")
-        found = {
-            r.name: translations(lab_dir / r.name, lab_dir, dev, test, probes, device)
+        translations = {
+            r.name: run_translations(lab_dir / r.name, lab_dir, dev, test, probes, device)
             for r in measured
         }
-    rows = [run_row(r, lab_dir / r.name, status[r.name], found.get(r.name), dev) for r in runs]
+    rows = [
+        run_row(r, lab_dir / r.name, status[r.name], translations.get(r.name), dev) for r in runs
+    ]
     if test is not None:
-        compare(rows, found, test)
-    return rows, found
+        compare(rows, translations, test)
+    return rows, translations
 
 
 @dataclass
@@ -297,7 +301,7 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
     variants = list(dict.fromkeys(r.variant for r in rows))
     variance, df = seed_noise(rows)
     base = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
-    found = []
+    summed = []
     for variant in variants:
         mine = [r for r in rows if r.variant == variant]
         compared = [r for r in mine if r.delta is not None and r.resampled is not None]
@@ -313,7 +317,7 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
         else:
             verdict = "compared on one seed only: see its line" if compared else "not compared"
         missing = [f"seed {r.seed}: {r.status}" for r in mine if r.status]
-        found.append(
+        summed.append(
             Summary(
                 variant,
                 mine,
@@ -323,7 +327,7 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
                 "; ".join([verdict, *missing]),
             )
         )
-    return found
+    return summed
 
 
 def seed_noise(rows: list[LabRow]) -> tuple[float, int]:
@@ -344,7 +348,7 @@ def noise_floor(noise: Spread | None, seeds: int, variance: float, df: int) -> s
     return f"seed noise: test BLEU {noise.mean:.2f} ± {noise.sd:.2f} over {seeds} seeds{pooled}"
 
 
-def bleu(value: float) -> str:
+def bleu_text(value: float) -> str:
     """BLEU in words: one decimal, two where the number is under 1."""
     return f"{abs(value):.{1 if abs(value) >= 1 else 2}f}"
 
@@ -356,7 +360,7 @@ def seed_verdict(delta: MeanDifference) -> str:
     seeds = f"{delta.seeds} seeds"
     if not delta.beyond_noise:
         return f"within noise ({seeds})"
-    size = f"{'better' if delta.mean > 0 else 'worse'} by {bleu(delta.mean)} BLEU"
+    size = f"{'better' if delta.mean > 0 else 'worse'} by {bleu_text(delta.mean)} BLEU"
     if delta.seeds == 2:
         return f"{size}: a first sign ({seeds})"
     return f"{size}, beyond noise ({seeds})"
@@ -371,5 +375,7 @@ def run_verdict(row: LabRow) -> str:
     if row.delta is None:
         return "no baseline of its seed to compare with"
     if row.significant:
-        return f"{'better' if row.delta > 0 else 'worse'} by {bleu(row.delta)} BLEU, significant"
+        return (
+            f"{'better' if row.delta > 0 else 'worse'} by {bleu_text(row.delta)} BLEU, significant"
+        )
     return "within test-set noise"

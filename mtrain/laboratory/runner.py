@@ -28,7 +28,7 @@ from mtrain.run.directory import (
     finished_record,
 )
 from mtrain.training.budget_recipe import Choice
-from mtrain.training.speed import updates_per_second
+from mtrain.training.speed import timed_updates_per_second
 from mtrain.training.start import check_start, train_run
 from mtrain.training.update_step import NonFiniteLoss
 
@@ -38,17 +38,17 @@ log = logging.getLogger("mtrain")
 def checked(lab: Lab, lab_dir: Path) -> dict[str, tuple[Config, Tokenizer | None]]:
     """Every run of the lab checked as its training will check it, before anything is prepared
     or trained: a bad key, a missing corpus, a parent it cannot be built on."""
-    found = {}
+    configs = {}
     for run in lab.runs():
         try:
-            found[run.name] = check_start(lab.config, list(run.overrides), lab_dir / run.name)
+            configs[run.name] = check_start(lab.config, list(run.overrides), lab_dir / run.name)
         except MtrainError as e:
             e.args = (f"lab run {run.name}: {e}",)  # one line, whichever error it is
             raise e from None
-    return found
+    return configs
 
 
-def check_out(lab_dir: Path) -> None:
+def check_lab_dir(lab_dir: Path) -> None:
     """Refuse a lab directory that is a run's, or a folder of other files (an empty one, or one
     a lab began before labs kept lab.json, is fine)."""
     if lab_dir.is_symlink() and not lab_dir.exists():
@@ -72,7 +72,7 @@ def run_lab(
     (`train`: another function of its arguments, for tests), then write the report; return its
     table. Runs a stopped lab had finished are left as they are, the one it was training
     resumes; one that diverged is not trained again."""
-    check_out(lab_dir)
+    check_lab_dir(lab_dir)
     record, lab = recorded(lab, lab_dir)  # every seed and variant the lab holds, its recipe
     configs = checked(lab, lab_dir)
     diverged = {n: r["diverged"] for n, r in record.runs.items() if "diverged" in r}
@@ -127,7 +127,7 @@ def prepare_corpora(configs: list[tuple[Config, Tokenizer | None]]) -> None:
 def lab_speed(cfg: Config, device: str) -> float:
     """Updates a second here, timed on a few updates of the baseline: a resumed lab's too, as
     its earlier runs may have shared the machine."""
-    return updates_per_second(cfg, runtime.pick_device(device))
+    return timed_updates_per_second(cfg, runtime.pick_device(device))
 
 
 def recipe(lab: Lab, cfg: Config, speed: float) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ Masks are boolean and broadcast over heads: True means "may attend". They are bu
 `padding_mask`, `causal_mask` and `teacher_forcing_mask` (the two together), and nowhere else.
 
 `model.variant` swaps one part of the textbook's model for another, chosen once at construction
-(`variant_parts`, from core/config.py's `VARIANTS`): each swapped part follows the textbook's.
+(`variant_parts`, from core/config.py's `MODEL_VARIANTS`): each swapped part follows the textbook's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtrain.core.config import VARIANTS, ModelConfig
+from mtrain.core.config import MODEL_VARIANTS, ModelConfig
 
 
 def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -306,8 +306,8 @@ CONNECTIONS = {  # (residual, layernorm) -> the connection around each sublayer
 
 
 def variant_parts(variant: str) -> Parts:
-    """The parts of model.variant `variant`, as core/config.py's VARIANTS declares it."""
-    v = VARIANTS[variant]
+    """The parts of model.variant `variant`, as core/config.py's MODEL_VARIANTS declares it."""
+    v = MODEL_VARIANTS[variant]
     return Parts(
         positions=POSITIONS[v.positions],
         scaled=v.scaled,

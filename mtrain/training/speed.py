@@ -43,7 +43,9 @@ def update_step(cfg: Config, data: TrainingData, device: torch.device, group: Gr
     )
 
 
-def updates_per_second(cfg: Config, device: torch.device, timed: int = 5, warmup: int = 2) -> float:
+def timed_updates_per_second(
+    cfg: Config, device: torch.device, timed: int = 5, warmup: int = 2
+) -> float:
     """Updates a second a run of `cfg` trains here (its corpus prepared), timed over `timed`
     updates after `warmup` untimed ones; the validations a run makes are not counted. Eager,
     even where the run compiles (a compile takes longer than the timing): it errs slow."""

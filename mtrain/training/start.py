@@ -69,7 +69,7 @@ def train_run(
 
         parent = lineage.start(cfg, run_dir, config_path, overrides)
     if group.is_main:
-        check_out(run_dir)
+        make_run_dir(run_dir)
     distributed.start(group, torch_device, peer_timeout)
     try:
         best = run_training(cfg, run_dir, torch_device, group, parent)
@@ -131,7 +131,7 @@ def run_training(
     try:
         # Rank 0 alone owns the run directory; the others get what they need from it.
         with DirectoryLock(run_dir) if group.is_main else contextlib.nullcontext():
-            resume = group.is_main and open_run(run_dir, cfg)
+            resume = group.is_main and open_run_dir(run_dir, cfg)
             cfg = rank_0s_config(cfg, group)
             trainer = build_trainer(cfg, run_dir, device, resume, group, parent=parent)
             # a start that does nothing (a finished run) writes nothing
@@ -154,7 +154,7 @@ def run_training(
         ) from None
 
 
-def open_run(run_dir: Path, cfg: Config) -> bool:
+def open_run_dir(run_dir: Path, cfg: Config) -> bool:
     """Clean a locked run directory of what a killed run left; return whether to resume."""
     for leftover in remove_leftovers(run_dir):
         log.info("removed %s, left by an interrupted write", leftover)
@@ -222,7 +222,7 @@ def is_run_dir(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file() or (path / LOCK_FILE).is_file()
 
 
-def check_out(run_dir: Path) -> None:
+def make_run_dir(run_dir: Path) -> None:
     """Make the run directory, refusing one that holds anything but a run."""
     refuse_out(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
