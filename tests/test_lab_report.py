@@ -406,18 +406,26 @@ def test_the_figures_band_is_the_verdicts_threshold() -> None:
     from mtrain.laboratory.report import differences
 
     rows = seeds_lab()
-    found = {s.variant: s for s in summaries(rows)}
+    summed = {s.variant: s for s in summaries(rows)}
     variants = differences(rows)
     means = {v.variant: v.mean for v in variants}
-    assert means == {v: found[v].delta for v in ("worse", "small", "peek", "one-seed")}
+    assert means == {v: summed[v].delta for v in ("worse", "small", "peek", "one-seed")}
     bands = draw_differences(variants).axes[0].patches
     drawn = [v for v in variants if v.mean is not None]
     assert len(bands) == len(drawn) == 3
     for band, v in zip(bands, drawn):
-        half = found[v.variant].delta.half_width
+        half = summed[v.variant].delta.half_width
         assert (band.get_x(), band.get_width()) == (pytest.approx(-half), pytest.approx(2 * half))
         outside = abs(v.mean.mean) > half
-        assert outside == found[v.variant].verdict.startswith(("better", "worse"))
+        assert outside == summed[v.variant].verdict.startswith(("better", "worse"))
+
+
+def test_the_attention_figures_variant_is_a_named_lab_variant() -> None:
+    """The report draws the baseline beside the model variant without positions: a lab can name
+    it (renamed or dropped, the figure would have nothing to show)."""
+    from mtrain.laboratory.plan import LAB_VARIANTS, NO_POSITIONS
+
+    assert NO_POSITIONS in LAB_VARIANTS
 
 
 def test_the_attention_shows_the_word_order_probes_or_the_first() -> None:

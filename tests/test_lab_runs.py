@@ -163,7 +163,7 @@ def test_no_dropout_trains_without_dropout_whatever_the_recipe_chose() -> None:
 
 def test_a_preset_lab_goes_on_in_a_moved_clone(tmp_path, monkeypatch) -> None:
     """The clone's corpora are found anew where it now lies, not asked of the lab: a rerun in
-    a moved clone (or of a record that held them among the asked, before 2026-12-07) goes on;
+    a moved clone (or of a record without `located`, which holds them among the asked) goes on;
     a changed --set is still refused."""
     clones = [tmp_path / "old", tmp_path / "moved"]
     for clone in clones:
@@ -313,8 +313,8 @@ def test_an_interrupted_preset_lab_given_data_paths_goes_on(corpus, tmp_path, mo
 
 @pytest.mark.parametrize("trained", [dict(max_steps=2, max_minutes=0), dict(max_minutes=0.5)])
 def test_a_lab_without_lab_json_takes_no_other_budget(corpus, tmp_path, trained) -> None:
-    """A lab directory whose runs were trained to another budget, with no lab.json to say so
-    (begun before labs kept one, or deleted), is refused before anything trains."""
+    """A lab directory whose runs were trained to another budget, with no lab.json to say so,
+    is refused before anything trains."""
     from mtrain.run.directory import write_config
 
     out = tmp_path / "lab"

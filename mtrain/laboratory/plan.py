@@ -29,14 +29,18 @@ LAB_VARIANTS: dict[str, tuple[str, ...]] = {
     "deep-encoder": ("model.n_encoder_layers=3", "model.n_decoder_layers=1"),
 }
 
+# The variant without positional encodings, found by what it lacks: the report draws its
+# cross-attention beside the baseline's.
+NO_POSITIONS = next(name for name, v in MODEL_VARIANTS.items() if v.positions == "none")
+
 # 我打他 / 他打我 and 狗咬人 / 人咬狗 hold the same characters in another order. Where both are
 # cut into the same pieces (狗咬人 / 人咬狗) only positions tell them apart; 我打他 is `▁我 打 他`
 # and 他打我 `▁他 打 我` (SentencePiece marks a word's first piece). The long sentence shows what
 # a variant does to length and coverage.
+WORD_ORDER = ("我打他", "他打我")  # the pair the report's attention figure shows
 PROBES = (
     "我是谁",
-    "我打他",
-    "他打我",
+    *WORD_ORDER,
     "狗咬人",
     "人咬狗",
     "我昨天在图书馆遇到了一个很多年没有见过的老朋友，我们一起喝了咖啡，聊了很久。",

@@ -104,7 +104,7 @@ class LabRecord:
         if old != now:
             refuse(lab_dir, f"the budget changed: {budget_change(old, now)}")
         old_sets = self.asked["overrides"]
-        if not self.located:  # a record before 2026-12-07 holds them among the asked
+        if not self.located:  # a record without it holds the clone's paths among the asked
             old_sets = less_clone_paths(old_sets, new.located, new.asked["overrides"])
         if old_sets != new.asked["overrides"]:
             change = difference(old_sets, new.asked["overrides"])
@@ -169,9 +169,9 @@ def yaml_text(value: Any) -> str:
 
 
 def refuse_unrecorded_budget(lab_dir: Path, budget: Budget) -> None:
-    """Refuse a lab directory with no lab.json (begun before labs kept one, or it was deleted)
-    whose runs were trained to another budget, as each run's config.yaml says: they would mix
-    into this lab's report under its title."""
+    """Refuse a lab directory with runs and no lab.json whose runs were trained to another
+    budget, as each run's config.yaml says: they would mix into this lab's report under its
+    title."""
     if not lab_dir.is_dir():
         return
     for run_dir in sorted(lab_dir.iterdir()):

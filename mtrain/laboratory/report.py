@@ -25,7 +25,7 @@ from mtrain.figures.lab import (
     draw_cross_attention,
     draw_differences,
 )
-from mtrain.laboratory.plan import BASELINE, Lab
+from mtrain.laboratory.plan import BASELINE, NO_POSITIONS, WORD_ORDER, Lab
 from mtrain.laboratory.results import (
     LabRow,
     Summary,
@@ -114,8 +114,6 @@ POSITIONS_TEXT = (
     "the pieces under each map, and the two rows' translations."
 )
 CURVES, DIFFERENCES, ATTENTION = "curves.png", "differences.png", "attention.png"
-POSITION_PROBES = ("我打他", "他打我")  # the same characters in another order
-POSITIONS_VARIANT = "no-positions"
 
 
 @dataclass
@@ -311,7 +309,7 @@ def sections(report: Report) -> list[tuple[str, str, object]]:
     )
     if ATTENTION in report.figures:
         shown = {r.variant for r in attention_runs(report.rows)}
-        text = POSITIONS_TEXT if POSITIONS_VARIANT in shown else ""
+        text = POSITIONS_TEXT if NO_POSITIONS in shown else ""
         parts.append(("What positions do", text, ATTENTION))
     if CURVES in report.figures:
         parts.append(("Training curves", "", CURVES))
@@ -488,15 +486,15 @@ def differences(rows: list[LabRow]) -> list[VariantDifferences]:
 
 
 def attention_probes(probes: tuple[str, ...]) -> tuple[str, ...]:
-    """我打他 and 他打我 where both are probes (the same characters in another order); else the
-    first."""
-    return POSITION_PROBES if set(POSITION_PROBES) <= set(probes) else probes[:1]
+    """WORD_ORDER (我打他 and 他打我: the same characters in another order) where both are
+    probes; else the first."""
+    return WORD_ORDER if set(WORD_ORDER) <= set(probes) else probes[:1]
 
 
 def attention_runs(rows: list[LabRow]) -> list[LabRow]:
-    """The baseline and no-positions (where the lab has it, and both were measured) of the
+    """The baseline and NO_POSITIONS (where the lab has it, and both were measured) of the
     first seed that has the most of the two."""
-    wanted = (BASELINE, POSITIONS_VARIANT)
+    wanted = (BASELINE, NO_POSITIONS)
     by_seed = [
         [r for r in rows if r.seed == seed and r.variant in wanted and not r.status]
         for seed in dict.fromkeys(r.seed for r in rows)

@@ -298,16 +298,19 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
     """Each variant over its seeds (the baseline first). With two or more seeds compared, the
     mean difference's interval (`mean_difference`), its seed part from the seed variance of test
     BLEU pooled over the lab's systems (`seed_noise`), and the verdict on it (`seed_verdict`)."""
-    variants = list(dict.fromkeys(r.variant for r in rows))
-    variance, df = seed_noise(rows)
-    base = [r.test_bleu for r in rows if r.variant == BASELINE and r.test_bleu is not None]
+    variants = dict.fromkeys(r.variant for r in rows)
+    by_variant = {v: [r for r in rows if r.variant == v] for v in variants}
+    test_bleu = {
+        v: [r.test_bleu for r in mine if r.test_bleu is not None] for v, mine in by_variant.items()
+    }
+    variance, df = seed_noise(list(test_bleu.values()))
     summed = []
-    for variant in variants:
-        mine = [r for r in rows if r.variant == variant]
+    for variant, mine in by_variant.items():
+        test = Spread.of(test_bleu[variant])
         compared = [r for r in mine if r.delta is not None and r.resampled is not None]
         delta = None
         if variant == BASELINE:
-            verdict = noise_floor(Spread.of(base), len(base), variance, df)
+            verdict = noise_floor(test, len(test_bleu[variant]), variance, df)
         elif len(compared) >= 2 and df:
             resampled = [r.resampled for r in compared]
             delta = mean_difference([r.delta for r in compared], resampled, variance, df)
@@ -322,7 +325,7 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
                 variant,
                 mine,
                 Spread.of([r.dev_bleu for r in mine if r.dev_bleu is not None]),
-                Spread.of([r.test_bleu for r in mine if r.test_bleu is not None]),
+                test,
                 delta,
                 "; ".join([verdict, *missing]),
             )
@@ -330,15 +333,12 @@ def summaries(rows: list[LabRow]) -> list[Summary]:
     return summed
 
 
-def seed_noise(rows: list[LabRow]) -> tuple[float, int]:
+def seed_noise(test_bleu: list[list[float]]) -> tuple[float, int]:
     """The variance of a run's test BLEU from seed to seed, pooled over the lab's systems (the
-    baseline and every variant, each about its own mean), and its degrees of freedom. A system
-    that translates nothing (test BLEU 0 on every seed) has no seed noise to show: left out."""
-    groups = [
-        [r.test_bleu for r in rows if r.variant == variant and r.test_bleu is not None]
-        for variant in dict.fromkeys(r.variant for r in rows)
-    ]
-    return pooled_seed_variance([g for g in groups if any(g)])
+    baseline and every variant, each about its own mean: `test_bleu` holds each one's seeds),
+    and its degrees of freedom. A system that translates nothing (test BLEU 0 on every seed)
+    has no seed noise to show: left out."""
+    return pooled_seed_variance([g for g in test_bleu if any(g)])
 
 
 def noise_floor(noise: Spread | None, seeds: int, variance: float, df: int) -> str:

@@ -50,7 +50,7 @@ def checked(lab: Lab, lab_dir: Path) -> dict[str, tuple[Config, Tokenizer | None
 
 def check_lab_dir(lab_dir: Path) -> None:
     """Refuse a lab directory that is a run's, or a folder of other files (an empty one, or one
-    a lab began before labs kept lab.json, is fine)."""
+    that holds a lab's runs and no lab.json, is fine)."""
     if lab_dir.is_symlink() and not lab_dir.exists():
         raise OptionError(f"--out {lab_dir}: a symbolic link to {lab_dir.readlink()}, not there")
     if lab_dir.exists() and not lab_dir.is_dir():
@@ -83,7 +83,7 @@ def run_lab(
     if not lab.recipe and speed is not None:
         lab = dataclasses.replace(lab, recipe=recipe(lab, configs[runs[0].name][0], speed))
         record.recipe = list(lab.recipe)
-        checked(lab, lab_dir)  # a run begun before labs chose a recipe may refuse it
+        checked(lab, lab_dir)  # a run begun without this recipe may refuse it
     runs = lab.runs()  # with the recipe
     record.write(lab_dir)
     log.info("%s", estimate(lab, len(runs), len(to_train), speed))
