@@ -380,6 +380,12 @@ def test_a_lab_json_of_the_wrong_shape_is_one_line(corpus, tmp_path, key, value)
     assert key in said
 
 
+def test_the_shape_check_knows_every_field_of_the_record() -> None:
+    from mtrain.laboratory.record_shape import FIELDS
+
+    assert set(FIELDS) == {f.name for f in dataclasses.fields(LabRecord)}
+
+
 def test_a_lab_json_nested_too_deeply_is_one_line(tmp_path) -> None:
     (tmp_path / LAB_FILE).write_text("[" * 100_000)
     done = mtrain_command("lab", "-c", str(TINY), "--updates", "10", "--out", str(tmp_path))
