@@ -7,6 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mtrain.core.config import LOCATIONS, MODEL_VARIANTS, Override, read_config
 from mtrain.core.errors import OptionError
@@ -78,6 +79,14 @@ class Budget:
             and minutes > 0
         ):
             raise OptionError(f"--minutes {minutes!r}: expected a number of minutes above 0")
+
+    @classmethod
+    def given(cls, updates: Any, minutes: Any) -> Budget | None:
+        """The budget these values make (as a record holds them); None where they make none."""
+        try:
+            return cls(updates, minutes)
+        except OptionError:
+            return None
 
     def overrides(self) -> tuple[str, ...]:
         if self.updates is not None:  # the steps, not the machine's speed, end each run

@@ -53,7 +53,7 @@ class LabRecord:
     config: str  # the path it was given, for people to read
     recipe: list[str] = field(default_factory=list)
     runs: dict[str, dict[str, str]] = field(default_factory=dict)  # name: {"diverged": why}
-    located: dict[str, Any] = field(default_factory=dict)  # the lab's clone_paths
+    located: dict[str, Any] = field(default_factory=dict)  # what the lab's clone_paths set
 
     @classmethod
     def of(cls, lab: Lab) -> LabRecord:
@@ -105,7 +105,7 @@ class LabRecord:
         if old != now:
             refuse(lab_dir, f"the budget changed: {budget_change(old, now)}")
         old_sets = self.asked["overrides"]
-        if not self.located:  # a record without it holds the clone's paths among the asked
+        if not self.located:  # a record without it holds the clone's paths among its asked
             old_sets = less_clone_paths(old_sets, new.located, new.asked["overrides"])
         if old_sets != new.asked["overrides"]:
             change = difference(old_sets, new.asked["overrides"])
@@ -170,9 +170,8 @@ def yaml_text(value: Any) -> str:
 
 
 def refuse_unrecorded_budget(lab_dir: Path, budget: Budget) -> None:
-    """Refuse a lab directory with runs and no lab.json whose runs were trained to another
-    budget, as each run's config.yaml says: they would mix into this lab's report under its
-    title."""
+    """Refuse a lab directory without lab.json whose runs were trained to another budget, as
+    each run's config.yaml says: they would mix into this lab's report under its title."""
     if not lab_dir.is_dir():
         return
     for run_dir in sorted(lab_dir.iterdir()):
@@ -191,10 +190,7 @@ def refuse_unrecorded_budget(lab_dir: Path, budget: Budget) -> None:
 def trained_budget(train: dict[str, Any]) -> Budget | None:
     """The budget a lab's run was given, from its config.yaml's train section; None: none."""
     steps, minutes = train.get("max_steps"), train.get("max_minutes")
-    try:
-        return Budget(minutes=minutes) if minutes else Budget(updates=steps)
-    except OptionError:
-        return None
+    return Budget.given(None, minutes) if minutes else Budget.given(steps, None)
 
 
 def less_clone_paths(overrides: dict, clone_paths: dict[str, Any], kept: dict[str, Any]) -> dict:

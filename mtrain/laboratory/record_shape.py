@@ -35,7 +35,9 @@ def shaped(data: Any, path: Path) -> dict[str, Any]:
     need(isinstance(asked["config_sha256"], str), "asked.config_sha256", "a string")
     budget = asked["budget"]
     need(
-        isinstance(budget, dict) and set(budget) <= {"updates", "minutes"} and budget_of(budget),
+        isinstance(budget, dict)
+        and set(budget) <= {"updates", "minutes"}
+        and Budget.given(budget.get("updates"), budget.get("minutes")),
         "asked.budget",
         'updates or minutes above 0, e.g. {"updates": 1200, "minutes": null}',
     )
@@ -86,10 +88,3 @@ def dict_of(values: Any, kind: type) -> bool:
 def settings(value: Any) -> bool:
     """What overrides set, as jsonable gives it: sections, each an object of keys."""
     return dict_of(value, dict)
-
-
-def budget_of(budget: dict) -> Budget | None:
-    try:
-        return Budget(budget.get("updates"), budget.get("minutes"))
-    except OptionError:
-        return None

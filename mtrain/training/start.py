@@ -101,7 +101,8 @@ def check_start(config_path: Path, overrides: list, run_dir: Path) -> tuple:
     parent = None
     if cfg.train.init_from:
         parent = lineage.start(cfg, run_dir, config_path, overrides)
-    if check_run_dir(run_dir, cfg) and cfg.train.init_from:
+    resumes = check_run_dir(run_dir, cfg)
+    if resumes and cfg.train.init_from:  # its tokenizer is its own once it began
         return cfg, Tokenizer.load(run_dir)
     return cfg, parent and parent.tokenizer()
 
