@@ -318,3 +318,53 @@ def test_the_command_line_says_what_yaml_dropped_from_a_set_value():
     result = mtrain("train", "-c", "configs/tiny.yaml", "--set", "data.train=corpus #2.tsv")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "reads '#2.tsv' as a comment" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "setting", "said"),
+    [
+        (
+            "train",
+            "data:\n  train: x\x00\n",
+            None,
+            r"c\.yaml: not valid YAML: .*\(U\+0000\) \(line 2, column 11\)",
+        ),
+        (
+            "lab",
+            "data:\n  train: x\x01\n",
+            None,
+            r"c\.yaml: not valid YAML: .*\(U\+0001\) \(line 2, column 11\)",
+        ),
+        (
+            "train",
+            None,
+            "train.examples=[\x01]",
+            r"--set 'train\.examples=\[\\x01\]': value: .*\(U\+0001\)",
+        ),
+        (
+            "lab",
+            None,
+            "data.train=a\udcffb.tsv",
+            r"--set 'data\.train=.*': value: .*not UTF-8 \(0xff\)",
+        ),
+    ],
+    ids=["NUL in train's file", "control in lab's file", "control in --set", "not UTF-8 in --set"],
+)
+def test_a_character_yaml_forbids_is_one_line_naming_where(tmp_path, command, text, setting, said):
+    """PyYAML's reader checks the whole text as its loader is built: refused in one line, the
+    file and line or the --set named (a byte that is not UTF-8 reaches Python as a surrogate)."""
+    import re
+
+    path = tmp_path / "c.yaml"
+    if text is None:
+        path.write_text((REPO / "configs" / "tiny.yaml").read_text())
+    else:
+        path.write_bytes(text.encode())
+    args = [command, "--config", str(path), "--out", str(tmp_path / "out")]
+    args += ["--updates", "5"] if command == "lab" else []
+    args += ["--set", setting] if setting else []
+    result = mtrain(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("mtrain: error: ") and re.search(said, line), line
+    assert not (tmp_path / "out").exists()

@@ -19,8 +19,16 @@ class YAMLRefused(ValueError):
     """A document that is not valid YAML, or exceeds a limit; the message is one line."""
 
 
-def problem(e: yaml.YAMLError) -> str:
-    """A YAML error in one line: what is wrong, and where."""
+def problem(e: yaml.YAMLError, text: str = "") -> str:
+    """A YAML error in `text` in one line: what is wrong, and where."""
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        if 0xDC80 <= e.character <= 0xDCFF:  # a byte that is not UTF-8, in an argument
+            what = f"a byte that is not UTF-8 (0x{e.character - 0xDC00:02x})"
+        else:
+            what = f"a character YAML does not allow (U+{e.character:04X})"
+        return f"{what} (line {line}, column {column})"
     mark = getattr(e, "problem_mark", None)
     what = getattr(e, "problem", None)
     if what and mark is not None:
@@ -81,8 +89,9 @@ def expanded_nodes(root: yaml.Node) -> int:
 
 def parse(text: str, where: str) -> Any:
     """One YAML document of plain data, or None for an empty one; errors start with `where`."""
-    loader = BoundedLoader(text)
+    loader = None
     try:
+        loader = BoundedLoader(text)  # its reader checks the whole text for forbidden characters
         node = loader.get_single_node()
         if node is None:
             return None
@@ -92,11 +101,12 @@ def parse(text: str, where: str) -> Any:
             )
         return loader.construct_document(node)
     except yaml.YAMLError as e:
-        raise YAMLRefused(f"{where}: not valid YAML: {problem(e)}") from None
+        raise YAMLRefused(f"{where}: not valid YAML: {problem(e, text)}") from None
     except YAMLRefused as e:
         raise YAMLRefused(f"{where}: {e}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read(path: Path) -> Any:
