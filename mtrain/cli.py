@@ -18,7 +18,7 @@ from mtrain.commands import (
     train,
     translate,
 )
-from mtrain.commands.common import error
+from mtrain.commands.common import error, file_error
 from mtrain.core.errors import MtrainError
 
 app = typer.Typer(
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo("mtrain: interrupted", err=True)
         status = 130
     except OSError as e:  # a file that cannot be read or written
-        status = error(f"{e.filename}: {e.strerror}" if e.filename else str(e))
+        status = error(file_error(e))
     except Exception as e:
         if not hasattr(e, "format_message"):  # not a command-line usage error: a bug
             raise

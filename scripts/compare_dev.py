@@ -13,6 +13,10 @@ mean with its 95% confidence interval, the difference from the baseline with the
 of that difference over the same resamples, and its two-sided p-value (below 0.05 exactly where
 that interval leaves out 0; uncorrected for the number of systems); progress on stderr.
 
+Every system's run, checkpoint and options are checked before anything translates; an error
+is one line `compare_dev.py: error: ...` and exit status 2, as `mtrain`'s. A checkpoint is named
+by `:checkpoint=FILE`, not as the run (as `mtrain translate --run` takes a directory only).
+
 Compare training recipes at an equal number of updates, and once per seed: the decision is the
 mean over seeds, with each seed's p-value beside it (docs/recipes.md).
 """
@@ -23,11 +27,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtrain.commands.common import Decoding, Engine, load_engine
+from mtrain.commands.common import Decoding, Engine, ScriptParser, load_engine, script_main
+from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.significance import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
-from mtrain.run.directory import BEST, run_config
+from mtrain.decoding.loaded import decode_options
+from mtrain.export.converter import is_export
+from mtrain.run.directory import BEST, peek_checkpoint, resolve, run_config
 
 OPTIONS = {"beam": int, "alpha": float, "checkpoint": str}
 
@@ -50,6 +57,26 @@ def parse_system(text: str) -> tuple[str, Path, dict]:
     return name, Path(run), options
 
 
+def check_system(name: str, run: Path, options: dict) -> None:
+    """Refuse a system whose run, checkpoint or decoding options cannot be used, before
+    anything translates: as `mtrain translate` refuses them, naming the system."""
+    where = f"--system {name}={run}"
+    if run.is_file():
+        raise OptionError(
+            f"{where}: a file, not a run directory (a checkpoint is named as RUN:checkpoint=FILE)"
+        )
+    if is_export(run):
+        raise OptionError(
+            f"{where}: a CTranslate2 export (written by mtrain export), not a run directory; "
+            "compare the run it was exported from"
+        )
+    try:
+        decode_options(run_config(run), options.get("beam"), options.get("alpha"), 1)
+        peek_checkpoint(resolve(run, options.get("checkpoint", BEST)))
+    except MtrainError as e:
+        raise OptionError(f"{where}: {e}") from None
+
+
 def translate(run: Path, sources: list[str], options: dict) -> list[str]:
     """Best translations of `sources` by the run's model with these decoding options."""
     decoding = Decoding(
@@ -64,13 +91,17 @@ def translate(run: Path, sources: list[str], options: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", type=parse_system, action="append", required=True)
     parser.add_argument("--split", choices=["dev", "test"], default="dev")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     args = parser.parse_args()
     if len(args.system) < 2:
         parser.error("name at least two systems: the baseline, then the others")
+    if args.samples < 1:
+        parser.error(f"argument --samples: expected 1 or more, got {args.samples}")
+    for system in args.system:
+        check_system(*system)
 
     data = run_config(args.system[0][1]).data
     (corpus,) = corpora(getattr(data, args.split), data.swap_columns)
@@ -102,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script_main(main)

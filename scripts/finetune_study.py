@@ -19,6 +19,11 @@ A budget is minutes (`--minutes`, `--finetune-minutes`) or updates (`--max-steps
 `--finetune-max-steps`, which set train.max_minutes=0). Runs go to OUT/<study>/<name>; one
 already there is resumed or, finished, left as it is, so a study stopped half-way goes on
 where it stopped. Prints Markdown tables on stdout; the runs' progress goes to stderr.
+
+The options, every run's settings and the slice are checked before anything trains: an error is
+one line `finetune_study.py: error: ...` and exit status 2, as `mtrain`'s. A run that fails (or
+is not run, its parent having failed) is a row saying why, and the study then exits with status
+1; A resumed, refused because A's learning rate is annealed, is a result, not a failure.
 """
 
 from __future__ import annotations
@@ -34,18 +39,53 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtrain.commands import common
 from mtrain.core import config
+from mtrain.core.errors import MtrainError, OptionError
 from mtrain.core.significance import paired_bootstrap
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references, read_lines
-from mtrain.run.directory import LAST, load_checkpoint, training_summary
+from mtrain.run.directory import (
+    LAST,
+    load_checkpoint,
+    peek_checkpoint,
+    run_config,
+    training_summary,
+)
+from mtrain.training.coordinator import Finished
 
 SLICE_TARGET = r"\bTom\b"
 SLICE_SOURCE = "汤姆|湯姆"
 
 
+def pattern(text: str) -> str:
+    """A regular expression, checked as the option is read."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a regular expression ({e})") from None
+    return text
+
+
+def heldout_share(text: str) -> float:
+    """The share of the slice held out for dev, and as much for test: leaves some to train."""
+    share = float(text)
+    if not 0 < share < 0.5:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a share above 0 and below 0.5 (dev and test take one each)"
+        )
+    return share
+
+
+def positive(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected 1 or more")
+    return number
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.ScriptParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
     parser.add_argument("--out", type=Path, default=Path("runs/finetune-study"))
     parser.add_argument("--study", choices=["longer", "own", "both"], default="both")
@@ -61,10 +101,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="'KEY=VALUE ...'",
         help="a run like B from A's best.pt with these settings (repeatable)",
     )
-    parser.add_argument("--slice-target", default=SLICE_TARGET, help="regex on the English")
-    parser.add_argument("--slice-source", default=SLICE_SOURCE, help="regex on the source")
-    parser.add_argument("--slice-heldout", type=float, default=0.1, help="share for dev, test")
-    parser.add_argument("--mix-pairs", type=int, help="general pairs mixed in (default: slice)")
+    parser.add_argument(
+        "--slice-target", type=pattern, default=SLICE_TARGET, help="regex on the English"
+    )
+    parser.add_argument(
+        "--slice-source", type=pattern, default=SLICE_SOURCE, help="regex on the source"
+    )
+    parser.add_argument(
+        "--slice-heldout", type=heldout_share, default=0.1, help="share for dev, and for test"
+    )
+    parser.add_argument(
+        "--mix-pairs", type=positive, help="general pairs mixed in (default: the slice's)"
+    )
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="for every run"
     )
@@ -78,10 +126,56 @@ def budget(minutes: float | None, steps: int | None, factor: int = 1) -> list[st
     return [] if minutes is None else [f"train.max_minutes={minutes * factor}"]
 
 
+def check_settings(args: argparse.Namespace) -> None:
+    """Refuse, before anything trains, settings that would refuse a run of the study."""
+    base = budget(args.minutes, args.max_steps)
+    runs = [("--minutes/--max-steps", base)]
+    runs.append(
+        (
+            "--finetune-minutes/--finetune-max-steps",
+            budget(args.finetune_minutes, args.finetune_max_steps),
+        )
+    )
+    runs += [(f"--restart {recipe!r}", [*base, *recipe.split()]) for recipe in args.restart]
+    runs += [(f"--seeds {seed}", [f"train.seed={seed}"]) for seed in args.seeds]
+    for option, settings in runs:
+        try:
+            config.load(args.config, [*args.overrides, *settings])
+        except config.ConfigError as e:
+            raise OptionError(f"{option}: {e}") from None
+    if args.out.exists() and not args.out.is_dir():
+        raise OptionError(f"--out {args.out}: exists and is not a directory")
+
+
+def annealed(run: Path) -> bool:
+    """Whether `run` finished with its learning rate annealed, so that resuming it with a
+    raised budget is refused (what the study shows, not a failure)."""
+    try:
+        finished = peek_checkpoint(run / LAST).get("finished")
+        cfg = run_config(run)
+    except MtrainError:  # the refusal was another one
+        return False
+    return finished is not None and Finished.from_dict(finished).annealed(cfg.train)
+
+
 class Study:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.cfg = config.load(args.config, args.overrides)
+        check_settings(args)
+        self.failed = 0  # rows whose run failed, was not run, or could not be scored
+        self.tests: dict[str, list[Path]] = {}  # each study's test sets, written before it trains
+        if args.study in ("own", "both"):
+            data = args.out / "own" / "data"
+            self.slice = split_slice(self.cfg, data, args)
+            slice_test = test_files(str(self.slice["test"]), self.cfg, data / "slice-test")
+            self.tests["own"] = [
+                slice_test,
+                test_files(self.cfg.data.test, self.cfg, data / "general-test"),
+            ]
+        if args.study in ("longer", "both"):
+            test = test_files(self.cfg.data.test, self.cfg, args.out / "longer" / "data" / "test")
+            self.tests["longer"] = [test]
 
     def train(self, out: Path, settings: list[str], init_from: Path | None = None) -> str | None:
         """Train (or resume) `out`; None, or the error line of a refused or failed run."""
@@ -119,12 +213,15 @@ class Study:
         tests: list[Path],
         error: str | None,
         base: list[Hypotheses | None] | None = None,
+        refused: bool = False,
     ) -> list[str]:
         """A table row: name, updates, minutes, best dev BLEU, and each test's BLEU; with
         `base` (the base run's translations of each test), each test's difference from the
-        base with its 95% paired-bootstrap interval."""
+        base with its 95% paired-bootstrap interval. A row whose run failed counts in
+        `failed` unless its refusal is the result (`refused`)."""
         n_cells = 2 + len(tests) * (1 if base is None else 2)
         if error is not None or not (run / LAST).exists():
+            self.failed += not refused
             return [name, error or "no run", *[""] * n_cells]
         summary = training_summary(run)
         step = load_checkpoint(run / LAST)["step"]
@@ -133,6 +230,7 @@ class Study:
         cells.append("" if dev is None else f"{dev:.2f}")
         for k, test in enumerate(tests):
             ours = self.translate(run, test)
+            self.failed += ours is None
             cells.append("failed" if ours is None else f"{ours.bleu:.2f}")
             if base is not None:
                 cells.append(difference(base[k], ours, test, self.cfg.data.tgt_lang))
@@ -145,7 +243,7 @@ class Study:
         double = budget(a.minutes, a.max_steps, 2) or [
             f"train.max_minutes={self.cfg.train.max_minutes * 2}"
         ]
-        test = test_files(self.cfg.data.test, self.cfg, root / "data" / "test")
+        (test,) = self.tests["longer"]
         first = self.train(root / "A", base)
         rows = [self.row("A (one budget)", root / "A", [test], first)]
         for settings in [[], *(recipe.split() for recipe in a.restart)]:  # B, then each --restart
@@ -159,17 +257,14 @@ class Study:
         if first is None and not resumed.exists():
             shutil.copytree(root / "A", resumed)
         error = first or self.train(resumed, double)
-        rows.append(self.row("A resumed, twice the budget", resumed, [test], error))
+        refused = first is None and error is not None and annealed(root / "A")
+        rows.append(self.row("A resumed, twice the budget", resumed, [test], error, None, refused))
         return rows
 
     def own(self) -> list[list[str]]:
         """Study (b): the base on the rest; scratch, fine-tuned and mixed runs on the slice."""
         a = self.args
-        root = a.out / "own"
-        files = split_slice(self.cfg, root / "data", a)
-        general_test = test_files(self.cfg.data.test, self.cfg, root / "data" / "general-test")
-        slice_test = test_files(str(files["test"]), self.cfg, root / "data" / "slice-test")
-        tests = [slice_test, general_test]
+        root, files, tests = a.out / "own", self.slice, self.tests["own"]
         base = root / "base"
         error = self.train(base, [f"data.train={files['rest']}", *budget(a.minutes, a.max_steps)])
         scored = [None if error else self.translate(base, test) for test in tests]
@@ -256,6 +351,16 @@ def split_slice(cfg: config.Config, out: Path, args: argparse.Namespace) -> dict
         "dev": chosen[n_heldout : 2 * n_heldout],
         "train": chosen[2 * n_heldout :],
     }
+    counts = {name: sum(len(g) for g in groups) for name, groups in parts.items()}
+    if empty := [name for name in parts if not counts[name]]:
+        raise OptionError(
+            f"--slice-target {args.slice_target!r}, --slice-source {args.slice_source!r}, "
+            f"--slice-heldout {args.slice_heldout}: the slice's {len(chosen)} sources leave "
+            f"its {' and '.join(empty)} no pairs"
+        )
+    n_mix = args.mix_pairs or counts["train"]
+    if n_mix > len(rest):
+        raise OptionError(f"--mix-pairs {n_mix}: more than the {len(rest)} general pairs")
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, groups in parts.items():
@@ -263,10 +368,8 @@ def split_slice(cfg: config.Config, out: Path, args: argparse.Namespace) -> dict
         paths[name].write_text("".join(line for g in groups for line in g), encoding="utf-8")
     paths["rest"] = out / "general-train.tsv"
     paths["rest"].write_text("".join(rest), encoding="utf-8")
-    n_mix = args.mix_pairs or sum(len(g) for g in parts["train"])
     paths["mix"] = out / "general-mix.tsv"
     paths["mix"].write_text("".join(random.Random(2).sample(rest, n_mix)), encoding="utf-8")
-    counts = {name: sum(len(g) for g in groups) for name, groups in parts.items()}
     print(
         f"# slice: {counts['train']} train, {counts['dev']} dev, {counts['test']} test pairs; "
         f"{len(rest)} general pairs, {n_mix} mixed in",
@@ -280,7 +383,8 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run the studies asked for; the exit status: 1 where a row's run failed."""
     args = parse_args(argv)
     study = Study(args)
     columns = ["run", "updates", "minutes", "best dev BLEU"]
@@ -290,7 +394,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.study in ("own", "both"):
         tests = ["slice test BLEU", "Δ vs base [95%]", "general test BLEU", "Δ vs base [95%]"]
         print(table([*columns, *tests], study.own()))
+    if study.failed:
+        common.error(f"{study.failed} rows failed (the table says why)", Path(sys.argv[0]).name)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    common.script_main(main)

@@ -1,8 +1,9 @@
-"""What the commands share: options, logging, errors, finding a run, and the engine that
-translates with it (for translate, eval, serve and plot)."""
+"""What the commands share: options, logging, errors (the scripts' too), finding a run, and the
+engine that translates with it (for translate, eval, serve and plot)."""
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import enum
@@ -12,13 +13,15 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
 from mtrain.core.config import MAX_ALPHA, MAX_BEAM, Config
+from mtrain.core.errors import MtrainError, OptionError
 from mtrain.decoding.translator import TextTranslator
 from mtrain.export.engine import Opened, open_engine
 from mtrain.run.directory import BEST, latest_run
@@ -95,15 +98,44 @@ CheckpointOption = Annotated[
 ]
 
 
-def error(message: str) -> int:
+def error(message: str, prog: str = "mtrain") -> int:
     """Print one error line; return the exit status for it."""
-    typer.echo(f"mtrain: error: {message}", err=True)
+    typer.echo(f"{prog}: error: {message}", err=True)
     return 2
 
 
 def fail(message: str) -> None:
     """Stop the command with one error line and exit status 2."""
     raise typer.Exit(error(message))
+
+
+def file_error(e: OSError) -> str:
+    """A file that cannot be read or written, in one line."""
+    return f"{e.filename}: {e.strerror}" if e.filename else str(e)
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """The scripts' parser: a bad option is an OptionError, which `script_main` says in one
+    line, as `mtrain` says its own."""
+
+    def error(self, message: str) -> NoReturn:
+        raise OptionError(f"{message} (see {self.prog} --help)")
+
+
+def script_main(main: Callable[[], int | None]) -> NoReturn:
+    """Run a script's `main` and exit with its status, as `mtrain` runs a command: an error of
+    the user's making is one line `SCRIPT: error: ...` and status 2, Ctrl-C status 130."""
+    prog = Path(sys.argv[0]).name
+    try:
+        status = main()
+    except MtrainError as e:  # a ScriptParser's options among them
+        status = error(str(e), prog)
+    except KeyboardInterrupt:
+        typer.echo(f"{prog}: interrupted", err=True)
+        status = 130
+    except OSError as e:
+        status = error(file_error(e), prog)
+    sys.exit(status or 0)
 
 
 def setup_logging(quiet: bool = False) -> None:
