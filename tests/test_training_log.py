@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import logging
 
 import torch
 from tqdm import tqdm
@@ -64,6 +66,24 @@ def test_the_bar_shows_the_end_the_time_left_and_the_last_dev_bleu():
     assert bar.total == 20
     assert bar.postfix.startswith("loss=2.500, lr=1.00e-03, tok_s=")
     assert bar.postfix.endswith(", bleu=12.35, left=07:54")
+
+
+def test_the_progress_line_shows_the_mean_loss_train_jsonl_records(caplog):
+    """One update's loss jumps with its batch's shape: the bar and the plain line show the
+    mean since the last record, train.jsonl's number, not the last update's."""
+    coordinator = coordinator_of(TrainConfig(max_steps=1000, max_minutes=0))
+    bar, train_jsonl = tqdm(total=None, file=io.StringIO()), io.StringIO()
+    logs = RunLog(bar, io.StringIO(), TrainLog(train_jsonl), coordinator)
+    logs.plain = True  # a plain line at the first record
+    with caplog.at_level(logging.INFO, logger="mtrain.training.run_log"):
+        for step in range(1, LOG_EVERY + 1):
+            # Losses 2, 3, 1, 2, ... of batches that grow: the last one's is 2, the mean 1.945.
+            logs.update(update_of(20 * step), float(step % 3 + 1), step, step / 100, 1e-3)
+    record = json.loads(train_jsonl.getvalue())
+    assert f"{record['loss']:.3f}" == "1.945"
+    assert bar.postfix.startswith("loss=1.945, ")
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert line.startswith(f"step {LOG_EVERY}/1000  loss 1.945  lr 1.00e-03  tok_s ")
 
 
 def test_the_bar_is_never_behind_its_step_when_the_speed_drops():

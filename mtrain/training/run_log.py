@@ -151,20 +151,21 @@ class RunLog:
     def update(
         self, update: Update, loss: torch.Tensor | float, step: int, minutes: float, lr: float
     ) -> None:
-        """Show a finished update; every LOG_EVERY steps, record the loss and learning rate
-        (the only steps that read the loss back from the device, once)."""
+        """Show a finished update; every LOG_EVERY steps, record the mean loss since the last
+        record and the learning rate, and show them (the only steps that read the losses back
+        from the device, once): one update's loss jumps with its batch's shape."""
         self.window_tokens += update.n_tokens  # of all processes
         self.train_log.add(loss, update.n_target)
         # The end moves as the plan or the speed does: never shown behind the step.
         self.bar.total = self.coordinator.end_step(step, minutes)
         self.bar.update(1)
         if step % LOG_EVERY == 0:
-            loss, loss_sum = self.read(loss, self.train_log.loss_sum)
+            (loss_sum,) = self.read(self.train_log.loss_sum)
             tok_s = self.window_tokens / (time.monotonic() - self.window_start)
-            self.show(loss, lr, tok_s, minutes)
+            mean_loss = self.train_log.write(step, minutes, lr, loss_sum)
+            self.show(mean_loss, lr, tok_s, minutes)
             if self.plain:
                 self.show_plain(step, minutes)
-            mean_loss = self.train_log.write(step, minutes, lr, loss_sum)
             if self.tensorboard:
                 self.tensorboard.train(step, mean_loss, lr, tok_s)
             self.restart_window()
