@@ -212,6 +212,47 @@ def test_an_interrupted_prepare_is_redone_to_the_same_bytes(tmp_path, corpus):
     assert not list(root.glob(".*.tmp"))  # the killed run's leftovers are gone
 
 
+# The command with chunks of 2 lines: a worker is nearly always about to send one to the parent.
+SMALL_CHUNKS = """
+from mtrain.data import encode_corpus
+from mtrain.__main__ import main
+
+encode_corpus.CHUNK_LINES = 2
+main()
+"""
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["the command", "its process group"])
+def test_sigterm_while_encoding_stops_quietly_as_ctrl_c(tmp_path, corpus, to_group):
+    """`timeout` and `docker stop` signal the command alone (its workers, left writing to a
+    parent gone, printed BrokenPipeError tracebacks); systemd signals the whole group (a worker
+    killed inside the task queue's lock would leave the parent's pool blocked for ever)."""
+    train = write_tsv(tmp_path / "train.tsv", number_pairs(5_000, seed=7))
+    for attempt in range(2):  # the race was lost about 4 times in 5
+        root = tmp_path / f"prepared-{attempt}"
+        sets = [*overrides({**corpus, "train": train}), f"data.prepared_dir={root}"]
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SMALL_CHUNKS, "prepare", "--config", "configs/tiny.yaml"]
+            + [f"--set={s}" for s in sets],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a group of its own, for the signal to the group
+        )
+        # Encoding has begun once the first chunk is written.
+        while proc.poll() is None and not any(
+            p.stat().st_size for p in root.glob(".*.tmp/src.bin")
+        ):
+            time.sleep(0.01)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        stderr = proc.communicate(timeout=120)[1]
+        assert proc.returncode == 130 and "Traceback" not in stderr, stderr  # as Ctrl-C
+
+
 def test_a_prepare_that_cannot_put_its_directory_in_place_keeps_the_earlier_one(
     tmp_path, corpus, monkeypatch
 ):

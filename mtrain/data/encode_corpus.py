@@ -4,9 +4,12 @@ the flat token files with their lengths and offsets."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import random
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -218,6 +221,7 @@ def _encode(
     # Forked, as PyTorch's DataLoader workers are: spawn would re-run the caller's script.
     context = multiprocessing.get_context("fork")
     with (
+        sigterm_as_ctrl_c(),
         context.Pool(workers, encode_worker.init, (settings,)) as pool,
         token_file(out, "src").open("wb") as src_bin,
         token_file(out, "tgt").open("wb") as tgt_bin,
@@ -240,6 +244,21 @@ def _encode(
     if not lengths:
         return np.zeros((0, 2), LENGTH_DTYPE), np.zeros(0, np.uint64), counts, files
     return np.concatenate(lengths), np.concatenate(hashes), counts, files
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within this block SIGTERM (what `timeout`, systemd and `docker stop` send) stops as
+    Ctrl-C does: the pool ends its workers as it unwinds, where a parent killed outright would
+    leave them to fail writing to it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers are the main thread's to set
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _chunks(train: list[Corpus]) -> Iterator[encode_worker.Chunk]:

@@ -6,6 +6,7 @@ It imports no torch, so a worker starts in a fraction of a second.
 from __future__ import annotations
 
 import hashlib
+import signal
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -63,11 +64,22 @@ _tgt: spm.SentencePieceProcessor | None = None
 
 
 def init(settings: Settings) -> None:
-    """Load the tokenizer once per worker."""
+    """Load the tokenizer once per worker, and leave stopping to the parent: Ctrl-C, sent to
+    the whole process group, reaches the parent alone; SIGTERM (the parent's pool ending its
+    workers, or sent to the group) ends a worker quietly."""
     global _settings, _src, _tgt
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit)
     _settings = settings
     _src = spm.SentencePieceProcessor(model_proto=settings.src_proto)
     _tgt = spm.SentencePieceProcessor(model_proto=settings.tgt_proto)
+
+
+def _exit(signum, frame) -> None:
+    """End the worker without a traceback. Raised, not killed: a `with` it is in releases its
+    lock, where a worker killed inside the task queue's would leave its parent's pool blocked
+    on that lock for ever as it stops."""
+    raise SystemExit(0)
 
 
 def encode(chunk: Chunk) -> Encoded:
