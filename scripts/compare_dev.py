@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mtrain.commands.common import Decoding, Engine, ScriptParser, load_engine, script_main
 from mtrain.core.errors import MtrainError, OptionError
-from mtrain.core.significance import paired_bootstrap
+from mtrain.core.significance import paired_bootstrap, tail_count
 from mtrain.data.corpus import corpora, read_pairs
 from mtrain.data.pairs import group_references
 from mtrain.decoding.loaded import decode_options
@@ -100,6 +100,10 @@ def main() -> None:
         parser.error("name at least two systems: the baseline, then the others")
     if args.samples < 1:
         parser.error(f"argument --samples: expected 1 or more, got {args.samples}")
+    try:
+        tail_count(args.samples)  # enough resamples for a p-value below 0.05
+    except ValueError as e:
+        parser.error(f"argument --samples: {e}")
     for system in args.system:
         check_system(*system)
 

@@ -77,8 +77,16 @@ def test_no_resamples_is_refused_before_anything_translates(run_dir, monkeypatch
     assert f"argument --samples: expected 1 or more, got {samples}" in line
 
 
-def test_two_systems_are_compared(run_dir, monkeypatch, capsys):
+def test_too_few_resamples_for_a_p_value_below_005_are_refused(run_dir, monkeypatch, capsys):
     args = ["--system", f"a={run_dir}", "--system", f"b={run_dir}:beam=2", "--samples", "20"]
+    result = run_script("compare_dev.py", *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert result.returncode == 2 and not result.stdout
+    assert "argument --samples: 20 bootstrap resamples: too few" in result.stderr
+    assert "translating" not in result.stderr
+
+
+def test_two_systems_are_compared(run_dir, monkeypatch, capsys):
+    args = ["--system", f"a={run_dir}", "--system", f"b={run_dir}:beam=2", "--samples", "40"]
     result = run_script("compare_dev.py", *args, monkeypatch=monkeypatch, capsys=capsys)
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
