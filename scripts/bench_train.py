@@ -16,9 +16,9 @@ training data, after a few untimed warm-up steps, and prints:
 - the time the loop waited for each update's batches; with `--set data.src_sampling_alpha=A`,
   the milliseconds (wall and CPU) the batch thread spent sampling each batch's sources;
 - peak resident memory of the process (and peak CUDA memory on a GPU);
-- with `--profile N`: where N more updates spend their time, a `torch.profiler` table by
-  operator (matrix multiplies, attention, softmax and cross-entropy, LayerNorm, dropout, the
-  optimizer) with the batch assembly timed apart ("batch assembly").
+- with `--profile N`: where N more updates spend their time, by kind (matmuls, casts,
+  attention, the loss, LayerNorm, dropout, the optimizer, batch assembly, the rest:
+  mtrain/training/profile_kinds.py), then a `torch.profiler` table by operator.
 
 With `--repeat R` the timed window runs the same `--steps` updates R times, after running
 them once untimed: with `train.compile`, every shape they hold is compiled before the clock
@@ -44,8 +44,10 @@ from mtrain.core import config, distributed, runtime
 from mtrain.core.config import Config
 from mtrain.data.pairs import Batch
 from mtrain.data.tokenizer import PAD_ID
+from mtrain.model.transformer import Dropout
 from mtrain.training import compiled
 from mtrain.training.data import TrainingData
+from mtrain.training.profile_kinds import BATCH_ASSEMBLY, kind_table, label_dropout
 from mtrain.training.speed import update_step
 from mtrain.training.update_step import UpdateStep
 
@@ -228,19 +230,27 @@ def main() -> None:
 
 
 def profile(step: UpdateStep, updates, n: int, rows: int = 30) -> str:
-    """A table of where `n` updates spend their time, by operator, slowest first."""
+    """Where `n` updates spend their time: by kind, then by operator, slowest first."""
     from torch.profiler import ProfilerActivity, record_function
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
+    label_dropout(step.model, Dropout)
     with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
         for _ in range(n):
-            with record_function("batch assembly"):
+            with record_function(BATCH_ASSEMBLY):
                 update = next(updates)
             step(update)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall_s = time.perf_counter() - start
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
-    return f"profile of {n} updates (self: an operator's own time, not its callees')\n{table}"
+    return (
+        f"{kind_table(prof.events(), n, wall_s)}\n\n"
+        f"profile of {n} updates (self: an operator's own time, not its callees')\n{table}"
+    )
 
 
 if __name__ == "__main__":
