@@ -92,6 +92,6 @@ def test_bench_train_prints_the_time_by_kind(corpus):
     )
     assert result.returncode == 0, result.stderr
     table = result.stdout.split("time by kind, ", 1)[1].split("\n\n", 1)[0].splitlines()
-    rows = {line[:16].strip(): line for line in table[2:]}  # after the title and the header
+    rows = {line[:18].strip(): line for line in table[2:]}  # after the title and the header
     kinds = {"matmuls", "attention", "loss", "LayerNorm", "dropout", "optimizer", BATCH_ASSEMBLY}
     assert kinds | {"outside operators"} <= set(rows), table

@@ -99,13 +99,13 @@ def kind_table(events: Iterable[Event], updates: int, wall_s: float) -> str:
     lines = [
         f"time by kind, {wall_ms:,.1f} ms an update over {updates} updates "
         "(operators' self time; casts: every dtype conversion, wherever it runs)",
-        f"{'kind':<16}{'ms/update':>10}{'share':>8}  largest operators (ms/update)",
+        f"{'kind':<18}{'ms/update':>10}{'share':>8}  largest operators (ms/update)",
     ]
     for kind, ms, ops in rows:
         top = sorted(ops.items(), key=lambda kv: -kv[1])[:3]
         named = ", ".join(f"{name} {us / 1000 / updates:.1f}" for name, us in top)
-        lines.append(f"{kind:<16}{ms:>10.1f}{ms / wall_ms:>8.1%}  {named}")
-    lines.append(f"{'outside operators':<16}{outside:>10.1f}{outside / wall_ms:>8.1%}")
+        lines.append(f"{kind:<18}{ms:>10.1f}{ms / wall_ms:>8.1%}  {named}")
+    lines.append(f"{'outside operators':<18}{outside:>10.1f}{outside / wall_ms:>8.1%}")
     return "\n".join(lines)
 
 
