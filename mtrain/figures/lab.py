@@ -47,8 +47,11 @@ def draw_differences(variants: list[VariantDifferences]):
     palette = dict(zip(seeds, colours(len(seeds))))
     # Each seed a little above its variant's line, its mean below: on the line where one seed.
     offset = {s: 0.3 * (i / max(len(seeds) - 1, 1) - 0.5) - 0.1 for i, s in enumerate(seeds)}
-    fig = Figure(figsize=(9, 1.9 + 0.6 * len(variants)))
-    ax, key = fig.subplots(2, 1, height_ratios=(0.8 + 0.6 * len(variants), 0.7))
+    means = any(v.mean is not None for v in variants)
+    handles = legend(palette, means)
+    key_rows = -(-len(handles) // 2)  # two entries a row: three would be wider than the figure
+    fig = Figure(figsize=(9, 1.5 + 0.6 * len(variants) + 0.25 * key_rows))
+    ax, key = fig.subplots(2, 1, height_ratios=(0.8 + 0.6 * len(variants), 0.25 * key_rows + 0.2))
     ax.axvline(0, color="black", lw=0.8, zorder=1)
     for y, variant in enumerate(variants):
         if variant.mean is not None:
@@ -72,8 +75,7 @@ def draw_differences(variants: list[VariantDifferences]):
     ax.grid(axis="x", alpha=0.3)
     ax.set_title("Each variant against the baseline", fontsize=11)
     key.axis("off")
-    means = any(v.mean is not None for v in variants)
-    key.legend(handles=legend(palette, means), loc="center", ncol=3, frameon=False, fontsize=8)
+    key.legend(handles=handles, loc="center", ncol=2, frameon=False, fontsize=8)
     fig.set_layout_engine("constrained")
     return fig
 
