@@ -20,41 +20,21 @@ BATCH_ASSEMBLY = "batch assembly"  # the range bench_train.py puts around fetchi
 DROPOUT = "dropout"  # the range `label_dropout` puts around each dropout module's forward
 REST = "the rest"
 
-MATMUL_OPS = {
-    "aten::mm",
-    "aten::addmm",
-    "aten::bmm",
-    "aten::baddbmm",
-    "aten::addbmm",
-    "aten::mv",
-    "aten::addmv",
-    "aten::matmul",
-    "aten::linear",
-    "aten::_addmm_activation",
-}
-CAST_OPS = {"aten::copy_", "aten::_to_copy", "aten::to"}
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul"}
+MATMULS |= {"aten::mv", "aten::addmv", "aten::linear", "aten::_addmm_activation"}
 
-# (kind, does an operator or range of this name belong to it), in the order they are asked
+# (kind, the exact names that are its, the pieces that make a lower-cased name its), asked in
+# this order; an autograd node's name (`AddmmBackward0`, `NativeLayerNormBackward0`) or a
+# range's counts as an operator's does.
 KINDS = (
-    (BATCH_ASSEMBLY, lambda name: name == BATCH_ASSEMBLY),
-    ("matmuls", lambda name: name in MATMUL_OPS or "mmbackward" in name.lower()),
-    ("casts", lambda name: name in CAST_OPS or "ToCopyBackward" in name),
-    ("attention", lambda name: "scaled_dot_product" in name or "ScaledDotProduct" in name),
-    (
-        "loss",
-        lambda name: any(
-            s in name for s in ("SmoothedCrossEntropy", "log_softmax", "LogSoftmax", "nll_loss")
-        ),
-    ),
-    ("LayerNorm", lambda name: "layer_norm" in name or "LayerNorm" in name),
-    (
-        DROPOUT,
-        lambda name: name == DROPOUT or any(s in name for s in ("KeepAndScale", "dropout")),
-    ),
-    (
-        "optimizer",
-        lambda name: any(s in name for s in ("Optimizer.", "_foreach_", "adam", "Adam")),
-    ),
+    (BATCH_ASSEMBLY, {BATCH_ASSEMBLY}, ()),
+    ("matmuls", MATMULS, ("mmbackward",)),
+    ("casts", {"aten::copy_", "aten::_to_copy", "aten::to"}, ("tocopybackward",)),
+    ("attention", set(), ("scaled_dot_product", "scaleddotproduct")),
+    ("loss", set(), ("smoothedcrossentropy", "log_softmax", "logsoftmax", "nll_loss")),
+    ("LayerNorm", set(), ("layer_norm", "layernorm")),
+    (DROPOUT, set(), ("keepandscale", "dropout")),
+    ("optimizer", set(), ("optimizer.", "_foreach_", "adam")),
 )
 
 
@@ -71,8 +51,9 @@ def kind_of(event: Event) -> str:
     event's that names one, else the rest."""
     node: Event | None = event
     while node is not None:
-        for kind, holds in KINDS:
-            if holds(node.name):
+        name = node.name.lower()
+        for kind, names, pieces in KINDS:
+            if node.name in names or any(piece in name for piece in pieces):
                 return kind
         node = node.cpu_parent
     return REST
