@@ -5,7 +5,8 @@ and the rest (scripts/bench_train.py --profile; docs/benchmarks.md keeps the tab
 Each operator's self time (its own, not its callees') goes to the first kind that names it or,
 failing that, its nearest enclosing operator or range: an `aten::copy_` is a cast wherever it
 runs (autocast's, attention's fp32 inputs, a dropout mask's), an `aten::mul` inside dropout's
-autograd function is dropout's, one inside nothing named is the rest's."""
+autograd function is dropout's, one inside nothing named is the rest's. The times are the
+CPU's: on a GPU they are what launching the kernels costs, not the kernels' own time."""
 
 from __future__ import annotations
 
