@@ -44,7 +44,6 @@ from mtrain.core import config, distributed, runtime
 from mtrain.core.config import Config
 from mtrain.data.pairs import Batch
 from mtrain.data.tokenizer import PAD_ID
-from mtrain.model.transformer import Dropout
 from mtrain.training import compiled
 from mtrain.training.data import TrainingData
 from mtrain.training.profile_kinds import BATCH_ASSEMBLY, kind_table, label_dropout
@@ -236,7 +235,7 @@ def profile(step: UpdateStep, updates, n: int, rows: int = 30) -> str:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    label_dropout(step.model, Dropout)
+    label_dropout(step.model)
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(n):

@@ -11,7 +11,6 @@ import torch
 
 from mtrain.core import runtime
 from mtrain.core.distributed import Group
-from mtrain.model.transformer import Dropout
 from mtrain.training.data import TrainingData
 from mtrain.training.profile_kinds import (
     BATCH_ASSEMBLY,
@@ -60,7 +59,7 @@ def test_every_kind_of_a_real_update_is_found(corpus, tmp_path, dtype):
     data = TrainingData(cfg, tmp_path, Group(), False)
     step = update_step(cfg, data, torch.device("cpu"), Group())
     step.amp_dtype = dtype  # bf16 autocast runs on any CPU, natively or not
-    label_dropout(step.model, Dropout)
+    label_dropout(step.model)
     with contextlib.closing(data.updates(Group(), 1)) as updates:
         step(next(updates))  # warm
         with torch.profiler.profile() as prof:

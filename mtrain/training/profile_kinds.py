@@ -17,6 +17,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from mtrain.model.transformer import Dropout
+
 BATCH_ASSEMBLY = "batch assembly"  # the range bench_train.py puts around fetching an update
 DROPOUT = "dropout"  # the range `label_dropout` puts around each dropout module's forward
 REST = "the rest"
@@ -91,11 +93,11 @@ def kind_table(events: Iterable[Event], updates: int, wall_s: float) -> str:
     return "\n".join(lines)
 
 
-def label_dropout(model: nn.Module, dropout_type: type[nn.Module]) -> None:
-    """Put each `dropout_type` module's forward in a profiler range named "dropout", so that
-    its mask's operators (random numbers, a comparison) count to it: for a profile only."""
+def label_dropout(model: nn.Module) -> None:
+    """Put each Dropout module's forward in a profiler range named "dropout", so that its
+    mask's operators (random numbers, a comparison) count to it: for a profile only."""
     for module in model.modules():
-        if isinstance(module, dropout_type):
+        if isinstance(module, Dropout):
             forward = module.forward
 
             def labelled(*args, _forward=forward, **kwargs):
