@@ -129,13 +129,8 @@ def budget(minutes: float | None, steps: int | None, factor: int = 1) -> list[st
 def check_settings(args: argparse.Namespace) -> None:
     """Refuse, before anything trains, settings that would refuse a run of the study."""
     base = budget(args.minutes, args.max_steps)
-    runs = [("--minutes/--max-steps", base)]
-    runs.append(
-        (
-            "--finetune-minutes/--finetune-max-steps",
-            budget(args.finetune_minutes, args.finetune_max_steps),
-        )
-    )
+    finetune = budget(args.finetune_minutes, args.finetune_max_steps)
+    runs = [("--minutes/--max-steps", base), ("--finetune-minutes/--finetune-max-steps", finetune)]
     runs += [(f"--restart {recipe!r}", [*base, *recipe.split()]) for recipe in args.restart]
     runs += [(f"--seeds {seed}", [f"train.seed={seed}"]) for seed in args.seeds]
     for option, settings in runs:
