@@ -40,9 +40,9 @@ PresetOption = Annotated[
     typer.Option(
         help="A lab ready to run: quick (positions and the causal mask, one seed, about 30 "
         "min on 2 fp32 cores); textbook (every part the textbook explains, seeds 1 and 2, "
-        "about 1.5 hours); paper (the paper's other choices, seeds 1 and 2, about 1.3 hours); "
-        "full (every variant, seeds 1 and 2, 2,000 updates each: an estimated 7 hours). Its "
-        "config is the clone's configs/default.yaml."
+        "1 h 39 min on 2 fp32 cores); paper (the paper's other choices, seeds 1 and 2, about 1.3 "
+        "hours); full (every variant, seeds 1 and 2, 2,000 updates each: an estimated 7 "
+        "hours). Its config is the clone's configs/default.yaml."
     ),
 ]
 

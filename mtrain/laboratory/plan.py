@@ -122,10 +122,10 @@ QUICK = Preset(
     Path("configs/default.yaml"), Budget(updates=1200), ("no-positions", "peek"), overrides=LAB_SIZE
 )
 # textbook: every part the textbook gives a reason for, two seeds, at the quick preset's size
-# and budget (its runs are this preset's first three): 14 runs. Alone on the 2-core EPYC of
-# docs/lab.md with its kernels held to AVX2 (fp32, the stand-in for a learner's laptop) a run
-# of 1,200 updates took 6.3 to 6.7 minutes: 14 x 6.5 = 91 minutes, within an afternoon's two
-# hours (the AVX2-only EPYC, its matmul peak 133 GFLOP/s against 198, about 135).
+# and budget (its runs are this preset's first three): 14 runs. Timed alone on the 2-core EPYC
+# of docs/lab.md with its kernels held to AVX2 (fp32, the stand-in for a learner's laptop):
+# 1 h 38 min 41 s, 6.7 to 7.5 minutes a run, within an afternoon's two hours (the AVX2-only
+# EPYC, its updates about 0.75 times as fast, about 2 h 10 min).
 TEXTBOOK_PARTS = ("no-positions", "peek", "no-scale", "no-residual", "no-layernorm", "one-head")
 TEXTBOOK = Preset(
     Path("configs/default.yaml"), Budget(updates=1200), TEXTBOOK_PARTS, (1, 2), LAB_SIZE
