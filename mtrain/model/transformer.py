@@ -96,7 +96,8 @@ class Dropout(nn.Module):
         n = x.numel()
         bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
         keep = bits.view(torch.int16)[:n].view(x.shape) >= self.threshold
-        return _KeepAndScale.apply(x, keep, 1 / (1 - self.p))
+        # in x's dtype: a bool mask would be copied to it at each product, forward and backward
+        return _KeepAndScale.apply(x, keep.to(x.dtype), 1 / (1 - self.p))
 
 
 class PositionalEncoding(nn.Module):
