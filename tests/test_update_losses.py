@@ -15,8 +15,9 @@ MADE = json.loads((REPO / "tests/fixtures/update_losses.json").read_text())
 # Relative. Measured against the fixture on an AVX512-BF16 EPYC, its kernels held to AVX2 or to
 # SSE4.1: fp32 2.3e-7, bf16 1.9e-4 at most (other summation orders). One position more in
 # 65,536 dropped moves the fp32 losses by 2.6e-4, label smoothing 1% off by 7e-5: fp32 catches
-# such slips; bf16's tolerance is ten times its rounding, a guard against larger ones.
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-3}
+# such slips; bf16's, 25 times what other kernels made here (AMX sums in other orders again),
+# guards against larger ones.
+TOLERANCE = {"fp32": 1e-5, "bf16": 5e-3}
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
