@@ -17,8 +17,8 @@ import torch
 
 from mtrain.core.config import ModelConfig, TrainConfig
 from mtrain.core.distributed import Group
-from mtrain.data.pairs import Batch
-from mtrain.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtrain.data.pairs import Batch, Example
+from mtrain.data.tokenizer import PAD_ID
 from mtrain.model.transformer import Transformer
 from mtrain.training.data import Update
 from mtrain.training.optim import build_optimizer
@@ -36,15 +36,14 @@ def batches(n: int, seed: int = 0) -> list[Batch]:
     for _ in range(n):
         src_len = torch.randint(3, 21, (16,), generator=g)
         tgt_len = torch.randint(3, 17, (16,), generator=g)
-        src = torch.full((16, int(src_len.max())), PAD_ID)
-        tgt = torch.full((16, int(tgt_len.max()) + 1), PAD_ID)
-        tgt_in, tgt_out = tgt.clone(), tgt.clone()
-        for i, (s, t) in enumerate(zip(src_len.tolist(), tgt_len.tolist())):
-            src[i, :s] = torch.randint(4, VOCAB, (s,), generator=g)
-            words = torch.randint(4, VOCAB, (t,), generator=g)
-            tgt_in[i, 0], tgt_in[i, 1 : t + 1] = BOS_ID, words
-            tgt_out[i, :t], tgt_out[i, t] = words, EOS_ID
-        out.append(Batch(src, tgt_in, tgt_out))
+        examples = [
+            Example(
+                src=torch.randint(4, VOCAB, (s,), generator=g).tolist(),
+                tgt=torch.randint(4, VOCAB, (t,), generator=g).tolist(),
+            )
+            for s, t in zip(src_len.tolist(), tgt_len.tolist())
+        ]
+        out.append(Batch.collate(examples))
     return out
 
 
